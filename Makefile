@@ -1,0 +1,49 @@
+# userproxy — make help lists the targets.
+SHELL := /usr/bin/env bash
+GO ?= go
+GOBIN := $(shell $(GO) env GOPATH)/bin
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK := $(GOBIN)/staticcheck
+
+.PHONY: help test unit lint tools bench-once darwin integration bench fuzz
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+test: lint unit bench-once darwin ## everything CI checks: lint, race tests (root-only ones too when root), every benchmark once, darwin build
+
+unit: ## go test -race ./... (integration tests run when root)
+	$(GO) test -race -count=1 ./...
+
+lint: tools ## gofmt (as a test), go vet, staticcheck
+	$(GO) test -count=1 -run '^TestGofmt$$' .
+	$(GO) vet ./...
+	GOOS=darwin $(GO) vet ./...
+	$(STATICCHECK) ./...
+
+tools: ## install the pinned Go tools (staticcheck)
+	@if ! $(STATICCHECK) -version 2>/dev/null | grep -q '$(STATICCHECK_VERSION:v%=%)'; then \
+		echo "installing staticcheck $(STATICCHECK_VERSION)"; \
+		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); \
+	fi
+
+bench-once: ## run every benchmark once so they keep compiling and working
+	$(GO) test -count=1 -run='^$$' -bench=. -benchtime=1x ./...
+
+darwin: ## cross-compile for macOS
+	GOOS=darwin GOARCH=arm64 $(GO) build ./...
+
+integration: ## the root-only tests in integration/ (real TUN, namespaces)
+	$(GO) test -race -count=1 -v ./integration/...
+
+bench: ## the benchmarks with real figures (see BENCHMARKS.md)
+	$(GO) test -run='^$$' -bench=. -benchmem -count=5 ./balancer/ ./conntrack/ ./service/
+
+FUZZTIME ?= 30s
+fuzz: ## run each fuzzer for FUZZTIME (default 30s)
+	@for pkg in $$($(GO) list ./...); do \
+		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+			echo "== $$pkg $$f"; \
+			$(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) -parallel=1 $$pkg || exit 1; \
+		done; \
+	done

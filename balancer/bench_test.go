@@ -1,0 +1,81 @@
+package balancer
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+func endpointKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("10.0.%d.%d:8080", i/250, i%250+1)
+	}
+	return keys
+}
+
+func BenchmarkLotteryPick(b *testing.B) {
+	for _, n := range []int{3, 100} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			l := NewLottery(n)
+			var src RuntimeSource
+			b.ReportAllocs()
+			for b.Loop() {
+				l.Pick(n, src)
+			}
+		})
+	}
+}
+
+func BenchmarkPickerPick(b *testing.B) {
+	for _, n := range []int{3, 100} {
+		keys := endpointKeys(n)
+		b.Run(fmt.Sprintf("n=%d/affinity=none", n), func(b *testing.B) {
+			p := NewPicker(NewLottery(n), RuntimeSource{}, nil)
+			client := netip.MustParseAddr("10.1.0.1")
+			b.ReportAllocs()
+			for b.Loop() {
+				p.Pick(keys, client)
+			}
+		})
+		// One client that keeps coming back: every pick is an affinity
+		// hit on one of the lists plus the --set refresh.
+		b.Run(fmt.Sprintf("n=%d/affinity=hit", n), func(b *testing.B) {
+			p := NewPicker(NewLottery(n), RuntimeSource{}, NewAffinity(AffinityConfig{Timeout: time.Hour}))
+			client := netip.MustParseAddr("10.1.0.1")
+			p.Pick(keys, client)
+			b.ReportAllocs()
+			for b.Loop() {
+				p.Pick(keys, client)
+			}
+		})
+		// 100 clients in rotation (the lists' capacity): each pick checks
+		// the lists in order until the client's endpoint.
+		b.Run(fmt.Sprintf("n=%d/affinity=100clients", n), func(b *testing.B) {
+			p := NewPicker(NewLottery(n), RuntimeSource{}, NewAffinity(AffinityConfig{Timeout: time.Hour}))
+			clients := make([]netip.Addr, 100)
+			for i := range clients {
+				clients[i] = netip.AddrFrom4([4]byte{10, 1, 0, byte(i + 1)})
+				p.Pick(keys, clients[i])
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				p.Pick(keys, clients[i%len(clients)])
+				i++
+			}
+		})
+	}
+}
+
+func BenchmarkAffinityCheck(b *testing.B) {
+	keys := endpointKeys(3)
+	a := NewAffinity(AffinityConfig{Timeout: time.Hour})
+	client := netip.MustParseAddr("10.1.0.1")
+	a.Set(keys[2], client)
+	b.ReportAllocs()
+	for b.Loop() {
+		a.Check(keys, client)
+	}
+}

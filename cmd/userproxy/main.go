@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const usage = `userproxy: a userspace Kubernetes Service proxy (kube-proxy iptables semantics on a TUN).
+
+Usage:
+  userproxy demo [flags]    run the endpoint lottery and ClientIP affinity on simulated connections
+  userproxy version         print the version
+
+The datapath (userproxy run) is not built yet; see README.md.
+Run "userproxy <command> -h" for a command's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := runMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "userproxy:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+// runMain dispatches a subcommand; it is main without the process exit, so
+// tests can call it.
+func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return flag.ErrHelp
+	}
+	switch args[0] {
+	case "demo":
+		return runDemo(ctx, args[1:], stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "userproxy", version)
+		return nil
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("unknown command %q", args[0])
+	}
+}
+
+// logFlags are the logging flags every long-running command takes.
+type logFlags struct {
+	level  string
+	format string
+}
+
+func (l *logFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&l.format, "log-format", "console", "log format: json or console")
+}
+
+// newLogger builds the process logger, writing to w.
+func (l *logFlags) newLogger(w io.Writer) (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(l.level)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	encCfg := zap.NewProductionEncoderConfig()
+	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
+	var enc zapcore.Encoder
+	switch l.format {
+	case "json":
+		enc = zapcore.NewJSONEncoder(encCfg)
+	case "console":
+		enc = zapcore.NewConsoleEncoder(encCfg)
+	default:
+		return nil, fmt.Errorf("--log-format %q: want json or console", l.format)
+	}
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), level)), nil
+}

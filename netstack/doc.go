@@ -1,0 +1,12 @@
+// Package netstack owns the packet side of userproxy: the TUN device (or an
+// in-memory link in tests), gVisor's network stack, the conntrack gate that
+// sees every packet in both directions before gVisor does, the TCP and UDP
+// forwarders, and DialContext for in-process clients.
+//
+// Callers: proxy (sets the flow handler and the admission function), cmd
+// (builds the stack).
+//
+// It is the only userproxy package that imports gVisor, and gVisor types never
+// leave it. Of userproxy it imports only conntrack; it decides nothing about
+// services (it asks the admission function).
+package netstack

@@ -1,0 +1,390 @@
+package conntrack
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// seedPackets are well-formed packets of every kind parse handles, used to
+// seed both fuzzers.
+func seedPackets() [][]byte {
+	f := newFlow(nil, nil, nil, client4, service4)
+	f6 := newFlow(nil, nil, nil, client6, service6)
+	synOpts := cat(tcpOptMSS(1460), tcpOptSackPerm(), tcpOptTimestamps(1, 0), tcpOptWScale(7))
+	return [][]byte{
+		tcpPacket(tcpSeg{src: client4, dst: service4, flags: flagSYN, seq: 1, win: 65535, opts: synOpts}),
+		tcpPacket(f.seg(Original, flagACK|flagPSH, 64)),
+		tcpPacket(tcpSeg{src: service4, dst: client4, flags: flagACK, seq: 9, ack: 2, win: 100, opts: tcpOptSack([2]uint32{5, 9})}),
+		tcpPacket(f6.seg(Original, flagSYN|flagECE|flagCWR, 0)),
+		tcpPacket(tcpSeg{src: client6, dst: service6, flags: flagSYN, seq: 1, win: 1,
+			ip: ipOpts{extHeaders: cat(extHeader(nhDestOpts, 0), extHeader(nhTCP, 0)), extFirst: nhHopByHop}}),
+		udpPacket(client4, service4, 32, ipOpts{}),
+		udpPacket(client6, service6, 32, ipOpts{}),
+		icmpError(client4.Addr(), service4.Addr(), 3, 3, udpPacket(service4, client4, 8, ipOpts{}), 28),
+		icmpError(client6.Addr(), service6.Addr(), 2, 0, tcpPacket(f6.seg(Reply, flagACK, 100)), -1),
+		icmpInfo(client4.Addr(), service4.Addr(), 8),
+		tcpPacket(tcpSeg{src: client4, dst: service4, flags: flagSYN, seq: 1, win: 1, ip: ipOpts{ipv4Options: []byte{1, 1, 1, 0}}}),
+	}
+}
+
+// FuzzParse feeds arbitrary bytes to the parser. It must never panic, and:
+// verification only ever adds bad_checksum; an accepted packet yields a
+// complete tuple and lengths inside the buffer; and an accepted IPv4 TCP or
+// UDP packet really carries a correct checksum by the reference sum.
+func FuzzParse(f *testing.F) {
+	for _, p := range seedPackets() {
+		f.Add(p)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var pv, pn parsed
+		rv := parse(b, true, &pv)
+		rn := parse(b, false, &pn)
+		if rv >= NumReasons || rn >= NumReasons {
+			t.Fatalf("reasons out of range: %d %d", rv, rn)
+		}
+		if rn == ReasonNone && rv != ReasonNone && rv != ReasonBadChecksum {
+			t.Fatalf("verification failed with %v", rv)
+		}
+		if rv != ReasonNone {
+			return
+		}
+		if rn != ReasonNone || pv != pn {
+			t.Fatalf("verification changed the outcome: %v %+v / %+v", rn, pv, pn)
+		}
+		tu := pv.tuple
+		switch {
+		case pv.kind != kindFlow && pv.kind != kindICMPError:
+			t.Fatalf("kind %d", pv.kind)
+		case tu.family != 4 && tu.family != 6:
+			t.Fatalf("family %d", tu.family)
+		case tu.proto != TCP && tu.proto != UDP:
+			t.Fatalf("proto %d", tu.proto)
+		case int(pv.seg.ipLen) > len(b) || pv.seg.ipLen < 20:
+			t.Fatalf("ipLen %d of %d bytes", pv.seg.ipLen, len(b))
+		case tu.proto == TCP && pv.kind == kindFlow && pv.seg.payload+20 > pv.seg.ipLen:
+			t.Fatalf("payload %d in %d bytes", pv.seg.payload, pv.seg.ipLen)
+		case pv.kind == kindFlow && tu.proto == TCP && validTCPFlags>>(pv.seg.flags&^(flagPSH|flagECE|flagCWR))&1 == 0:
+			t.Fatalf("accepted flags %#x", pv.seg.flags)
+		}
+		if tu.family == 4 && pv.kind == kindFlow {
+			ihl := int(b[0]&0x0f) * 4
+			l4 := b[ihl:pv.seg.ipLen]
+			src, dst := tu.SrcAddr(), tu.DstAddr()
+			switch tu.proto {
+			case TCP:
+				if c := refChecksum(pseudoHeader(src, dst, 6, len(l4)), l4); c != 0 {
+					t.Fatalf("accepted a TCP segment whose reference checksum is %#x", c)
+				}
+			case UDP:
+				ulen := int(binary.BigEndian.Uint16(l4[4:6]))
+				if binary.BigEndian.Uint16(l4[6:8]) != 0 {
+					if c := refChecksum(pseudoHeader(src, dst, 17, ulen), l4[:ulen]); c != 0 {
+						t.Fatalf("accepted a UDP datagram whose reference checksum is %#x", c)
+					}
+				}
+			}
+			if refChecksum(b[:ihl]) != 0 {
+				t.Fatal("accepted a bad IPv4 header checksum")
+			}
+		}
+	})
+}
+
+// fuzzFlows are the flows FuzzClassify programs talk about.
+var fuzzFlows = []struct {
+	proto Protocol
+	c, s  netip.AddrPort
+}{
+	{TCP, client4, service4},
+	{TCP, netip.MustParseAddrPort("10.0.0.2:4000"), service4},
+	{TCP, client6, service6},
+	{UDP, netip.MustParseAddrPort("10.0.0.3:5353"), netip.MustParseAddrPort("10.96.0.10:53")},
+}
+
+// FuzzClassify runs a program of packets through a small table. The program
+// mixes raw bytes with packets built for the four flows from fuzzed flags,
+// sequence and acknowledgement offsets, payload sizes and windows (so the
+// fuzzer reaches deep into the TCP state machine instead of stopping at the
+// checksum), clock steps, sweeps, deletions and ICMP errors. After every step
+// the Result must be consistent and the table's invariants must hold.
+func FuzzClassify(f *testing.F) {
+	for _, c := range classifySeeds {
+		f.Add(c.prog, c.liberal)
+	}
+	for _, p := range seedPackets() {
+		f.Add(append([]byte{1, 0x00, byte(len(p))}, p...), false)
+	}
+	f.Fuzz(func(t *testing.T, prog []byte, liberal bool) {
+		runProgram(t, prog, liberal)
+	})
+}
+
+// runProgram interprets a FuzzClassify program (see there) and returns the
+// table's final Stats.
+func runProgram(t testing.TB, prog []byte, liberal bool) Stats {
+	if len(prog) == 0 {
+		return Stats{}
+	}
+	skip := prog[0]&1 != 0
+	prog = prog[1:]
+	clk := NewManualClock(int64(time.Hour))
+	removed := 0
+	tab, err := NewTable(Config{
+		Max: 3, Shards: 2, Liberal: liberal, SkipChecksums: skip, Clock: clk,
+		OnRemove: func(EntryInfo, RemoveReason) { removed++ },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := make([][2]uint32, len(fuzzFlows))
+	for i := range next {
+		next[i] = [2]uint32{uint32(i) << 28, 0x80000000 | uint32(i)<<24}
+	}
+	take := func(n int) []byte {
+		if n > len(prog) {
+			n = len(prog)
+		}
+		b := prog[:n]
+		prog = prog[n:]
+		return b
+	}
+	for len(prog) > 0 {
+		op := take(1)[0]
+		var pkt []byte
+		dir := Direction(op >> 4 & 1)
+		switch op & 7 {
+		case 0: // raw bytes
+			n := take(1)
+			if len(n) == 0 {
+				return tab.Stats()
+			}
+			pkt = take(int(n[0]))
+		case 1, 2, 3, 4: // a built segment or datagram
+			a := take(6)
+			if len(a) < 6 {
+				return tab.Stats()
+			}
+			fi := int(op>>3&1) | int(op>>5&1)<<1
+			fl := fuzzFlows[fi]
+			src, dst := fl.c, fl.s
+			if a[0]&1 == 1 {
+				dir = Reply
+				src, dst = dst, src
+			} else {
+				dir = Original
+			}
+			if fl.proto == UDP {
+				pkt = udpPacket(src, dst, int(a[4]), ipOpts{})
+				break
+			}
+			seq := next[fi][dir] + uint32(int32(int8(a[2]))*int32(a[5]&0x3f+1)*64)
+			ack := next[fi][1-dir] + uint32(int32(int8(a[3]))*16)
+			var opts []byte
+			switch a[5] >> 6 {
+			case 1:
+				opts = cat(tcpOptWScale(a[5]&15), tcpOptSackPerm())
+			case 2:
+				opts = tcpOptSack([2]uint32{ack, ack + uint32(a[4])*8})
+			case 3:
+				opts = tcpOptTimestamps(uint32(a[4]), 0)
+			}
+			s := tcpSeg{src: src, dst: dst, flags: a[1], seq: seq, ack: ack,
+				win: uint16(a[4])<<8 | 0xff, payload: int(a[4]) % 97, opts: opts}
+			if a[1]&flagACK == 0 {
+				s.ack = 0
+			}
+			pkt = tcpPacket(s)
+			// Advance like a sender would; the table decides if it agrees.
+			n := uint32(s.payload)
+			if a[1]&flagSYN != 0 {
+				n++
+			}
+			if a[1]&flagFIN != 0 {
+				n++
+			}
+			if seq == next[fi][dir] {
+				next[fi][dir] += n
+			}
+		case 5: // time passes
+			a := take(1)
+			if len(a) == 0 {
+				return tab.Stats()
+			}
+			unit := []time.Duration{time.Millisecond, time.Second, 10 * time.Second, 10 * time.Minute}[op>>3&3]
+			clk.Advance(time.Duration(a[0]) * unit)
+			continue
+		case 6: // housekeeping
+			switch op >> 3 & 3 {
+			case 0:
+				tab.Sweep()
+			case 1:
+				tab.Delete(Filter{Protocol: UDP})
+			case 2:
+				for _, e := range tab.List(Filter{}) {
+					if _, err := e.AppendText(nil); err != nil || e.Timeout <= 0 {
+						t.Fatalf("listed %v", e)
+					}
+				}
+			case 3:
+				fl := fuzzFlows[int(op>>5&3)]
+				tab.Bind(MakeTuple(fl.proto, fl.c, fl.s), pod4, "ns/svc:port")
+			}
+			if err := tab.check(); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		case 7: // an ICMP error quoting a reply of a flow
+			a := take(2)
+			if len(a) < 2 {
+				return tab.Stats()
+			}
+			fl := fuzzFlows[int(op>>3&3)]
+			var q []byte
+			if fl.proto == UDP {
+				q = udpPacket(fl.s, fl.c, 4, ipOpts{})
+			} else {
+				q = tcpPacket(tcpSeg{src: fl.s, dst: fl.c, flags: flagACK, win: 1})
+			}
+			pkt = icmpError(fl.c.Addr(), fl.s.Addr(), a[0]%20, 0, q, int(a[1]))
+			dir = Original
+		}
+		r := tab.Classify(pkt, dir)
+		checkResult(t, r, dir)
+		if r.Verdict == New && op&0x80 == 0 { // bit 7 set: the admission function says no
+			before := r
+			err := tab.Confirm(&r)
+			if err != nil && err != ErrTableFull {
+				t.Fatalf("Confirm: %v", err)
+			}
+			if err == nil {
+				checkResult(t, r, dir)
+			} else if r != before {
+				t.Fatal("a refused Confirm changed the result")
+			}
+		}
+		if err := tab.check(); err != nil {
+			t.Fatalf("after %v %v: %v", dir, r.Verdict, err)
+		}
+	}
+	s := tab.Stats()
+	if got := s.Expired + s.Evicted + s.Deleted + s.Killed; got != uint64(removed) || s.Inserted != uint64(s.Entries)+got {
+		t.Fatalf("removals %d, OnRemove %d, stats %+v", got, removed, s)
+	}
+	return s
+}
+
+// Program encoding helpers for the seeds. A program starts with one byte
+// whose low bit turns checksum verification off.
+func seg(flowIdx int, dir Direction, flags uint8, seqDelta int8, length, opts byte) []byte {
+	op := byte(1) | byte(flowIdx&1)<<3 | byte(flowIdx>>1)<<5
+	return []byte{op, byte(dir), flags, byte(seqDelta), 0, length, opts}
+}
+func wait(seconds byte) []byte     { return []byte{0x0d, seconds} }
+func icmpAbout(flowIdx int) []byte { return []byte{0x07 | byte(flowIdx)<<3, 3, 28} }
+
+const opSweep = 0x06
+
+var classifySeeds = []struct {
+	name    string
+	prog    []byte
+	liberal bool
+	check   func(Stats) bool
+}{
+	{"tcp_lifecycle", cat([]byte{0},
+		seg(0, Original, flagSYN, 0, 0, 0), seg(0, Reply, flagSYN|flagACK, 0, 0, 0), seg(0, Original, flagACK, 0, 0, 0),
+		seg(0, Original, flagACK|flagPSH, 0, 100, 0), seg(0, Reply, flagACK, 0, 0, 0),
+		seg(0, Original, flagFIN|flagACK, 0, 0, 0), seg(0, Reply, flagACK, 0, 0, 0),
+		seg(0, Reply, flagFIN|flagACK, 0, 0, 0), seg(0, Original, flagACK, 0, 0, 0),
+		wait(130), []byte{opSweep}), false,
+		func(s Stats) bool { return s.Inserted == 1 && s.InvalidTotal == 0 && s.Expired == 1 && s.Entries == 0 }},
+	{"udp_stream", cat([]byte{0},
+		seg(3, Original, 0, 0, 9, 0), seg(3, Reply, 0, 0, 9, 0), wait(3), seg(3, Original, 0, 0, 9, 0),
+		icmpAbout(3), []byte{opSweep}), false,
+		func(s Stats) bool { return s.Inserted == 1 && s.Related == 1 && s.Entries == 1 && s.InvalidTotal == 0 }},
+	{"tcp_reset_reopen", cat([]byte{1},
+		seg(1, Original, flagSYN, 0, 0, 0), seg(1, Reply, flagSYN|flagACK, 0, 0, 0), seg(1, Original, flagACK, 0, 0, 0),
+		seg(1, Original, flagRST, 0, 0, 0), seg(1, Original, flagSYN, 5, 0, 0)), false,
+		func(s Stats) bool { return s.Inserted == 2 && s.Killed == 1 && s.InvalidTotal == 0 }},
+	{"window_strict", cat([]byte{1},
+		seg(0, Original, flagSYN, 0, 0, 0x41), seg(0, Reply, flagSYN|flagACK, 0, 0, 0x47), seg(0, Original, flagACK, 0, 0, 0),
+		seg(0, Original, flagACK, 100, 50, 0x3f), seg(0, Original, flagRST, -128, 0, 1)), false,
+		func(s Stats) bool { return s.Invalid[ReasonOutOfWindow] == 2 }},
+	{"window_liberal", cat([]byte{1},
+		seg(0, Original, flagSYN, 0, 0, 0x41), seg(0, Reply, flagSYN|flagACK, 0, 0, 0x47), seg(0, Original, flagACK, 0, 0, 0),
+		seg(0, Original, flagACK, 100, 50, 0x3f), seg(0, Original, flagRST, -128, 0, 1)), true,
+		func(s Stats) bool { return s.Invalid[ReasonOutOfWindow] == 1 }},
+	{"table_full", cat([]byte{1},
+		seg(0, Original, flagSYN, 0, 0, 0), seg(0, Reply, flagSYN|flagACK, 0, 0, 0), seg(0, Original, flagACK, 0, 0, 0),
+		seg(1, Original, flagSYN, 0, 0, 0), seg(1, Reply, flagSYN|flagACK, 0, 0, 0), seg(1, Original, flagACK, 0, 0, 0),
+		seg(2, Original, flagSYN, 0, 0, 0), seg(3, Original, 0, 0, 1, 0),
+		seg(3, Reply, 0, 0, 1, 0), wait(3), seg(3, Original, 0, 0, 1, 0), seg(2, Original, flagSYN, 0, 0, 0)), false,
+		func(s Stats) bool { return s.Evicted == 1 && s.TableFull == 1 && s.Entries == 3 }},
+}
+
+// TestClassifySeeds runs the FuzzClassify seeds as plain tests and checks
+// that each does what its name says, so the corpus stays meaningful.
+func TestClassifySeeds(t *testing.T) {
+	for _, c := range classifySeeds {
+		t.Run(c.name, func(t *testing.T) {
+			if s := runProgram(t, c.prog, c.liberal); !c.check(s) {
+				t.Errorf("stats %+v", s)
+			}
+		})
+	}
+}
+
+// TestWriteFuzzCorpus regenerates the committed seed corpus under
+// testdata/fuzz when CONNTRACK_WRITE_CORPUS is set; otherwise it checks the
+// corpus is there.
+func TestWriteFuzzCorpus(t *testing.T) {
+	write := os.Getenv("CONNTRACK_WRITE_CORPUS") != ""
+	dirs := map[string][][]any{"FuzzParse": nil, "FuzzClassify": nil}
+	names := []string{"tcp4_syn_options", "tcp4_data", "tcp4_sack", "tcp6_syn_ecn", "tcp6_exthdr",
+		"udp4", "udp6", "icmp4_unreach", "icmp6_too_big", "icmp4_echo", "ipv4_options"}
+	for _, p := range seedPackets() {
+		dirs["FuzzParse"] = append(dirs["FuzzParse"], []any{p})
+	}
+	for _, c := range classifySeeds {
+		dirs["FuzzClassify"] = append(dirs["FuzzClassify"], []any{c.prog, c.liberal})
+	}
+	var classifyNames []string
+	for _, c := range classifySeeds {
+		classifyNames = append(classifyNames, c.name)
+	}
+	for dir, entries := range dirs {
+		path := filepath.Join("testdata", "fuzz", dir)
+		for i, args := range entries {
+			name := classifyNames
+			if dir == "FuzzParse" {
+				name = names
+			}
+			file := filepath.Join(path, name[i])
+			if !write {
+				if _, err := os.Stat(file); err != nil {
+					t.Errorf("seed corpus file missing (set CONNTRACK_WRITE_CORPUS=1 to write it): %v", err)
+				}
+				continue
+			}
+			text := "go test fuzz v1\n"
+			for _, a := range args {
+				switch v := a.(type) {
+				case []byte:
+					text += fmt.Sprintf("[]byte(%q)\n", v)
+				case bool:
+					text += fmt.Sprintf("bool(%v)\n", v)
+				}
+			}
+			if err := os.MkdirAll(path, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}

@@ -1,0 +1,803 @@
+package conntrack
+
+// The table: shards of (mutex, hash index, expiry heap, list of non-ASSURED
+// entries), and the calls the gate, proxy and admin make.
+//
+// 1. Classify: parse, look the flow up, run its state machine (gate, every
+//    packet).
+// 2. Confirm: insert the entry of a New flow the admission function accepted,
+//    making room by early drop when full (gate).
+// 3. Bind: record the endpoint proxy chose (proxy).
+// 4. Sweep: remove expired entries (owner, periodically).
+// 5. Get, List, Delete, Stats, Len (proxy, admin, CLI).
+
+import (
+	"errors"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+)
+
+// Errors returned by Confirm.
+var (
+	// ErrTableFull: the table holds Max entries and none could be
+	// early-dropped (all ASSURED). The flow is refused; drop the packet.
+	// This is not an INVALID verdict and is counted in Stats.TableFull.
+	ErrTableFull = errors.New("conntrack: table full")
+	// ErrNotNew: Confirm was given a Result whose Verdict is not New.
+	ErrNotNew = errors.New("conntrack: result is not a new flow")
+)
+
+// Result is the classification of one packet. It holds no reference to the
+// packet's bytes, so the buffer may be reused as soon as Classify returns.
+type Result struct {
+	// Tuple is the flow's Original-direction tuple (client -> service),
+	// whichever direction the packet travelled; for Related, the flow the
+	// ICMP error refers to. It is the zero Tuple when parsing failed.
+	Tuple Tuple
+	// Verdict says what to do with the packet.
+	Verdict Verdict
+	// Reason says why, when Verdict is Invalid.
+	Reason Reason
+	// Dir is the direction Classify was given.
+	Dir Direction
+	// seg keeps what Confirm needs to replay the packet on the new entry.
+	seg segment
+}
+
+// Table is a connection tracking table. All methods are safe for concurrent
+// use. Build it with NewTable.
+type Table struct {
+	clock    Clock
+	onRemove func(EntryInfo, RemoveReason)
+	max      int64
+	liberal  bool
+	verify   bool
+	shift    uint   // shard index = tuple hash >> shift
+	seed     uint64 // Config.HashSeed
+	tcpTO    [numTCPTimeouts]int64
+	udpTO    int64
+	streamTO int64
+
+	count  atomic.Int64 // entries plus slots reserved by Confirm calls in progress; <= max
+	nextID atomic.Uint64
+
+	invalid   [NumReasons]atomic.Uint64
+	related   atomic.Uint64
+	tableFull atomic.Uint64
+
+	shards []shard
+}
+
+// shard is one lock's worth of the table.
+type shard struct {
+	mu   sync.Mutex
+	idx  index      // Original tuple -> entry
+	heap []heapItem // expiry min-heap
+	head *entry     // oldest non-ASSURED entry, the early-drop victim
+	tail *entry
+	n    [2]int // entries: TCP, UDP
+
+	inserted, joined, expired, evicted, deleted, killed uint64
+
+	_ [64]byte // keep neighbouring shards' locks off one cache line
+}
+
+// udpStreamAge is how old a replied UDP flow must be to count as a stream
+// (the kernel's stream_ts, 2 s after the first packet).
+const udpStreamAge = int64(2e9)
+
+// NewTable builds a table. Zero fields of cfg take their documented defaults; it
+// fails only on values that are set but unusable.
+func NewTable(cfg Config) (*Table, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	t := &Table{
+		clock:    cfg.Clock,
+		onRemove: cfg.OnRemove,
+		max:      int64(cfg.Max),
+		liberal:  cfg.Liberal,
+		verify:   !cfg.SkipChecksums,
+		shards:   make([]shard, cfg.Shards),
+		udpTO:    int64(cfg.Timeouts.UDP),
+		streamTO: int64(cfg.Timeouts.UDPStream),
+		seed:     cfg.HashSeed,
+	}
+	t.shift = 64
+	for n := cfg.Shards; n > 1; n >>= 1 {
+		t.shift--
+	}
+	to := &cfg.Timeouts
+	t.tcpTO = [numTCPTimeouts]int64{
+		TCPNone:        int64(to.TCPSynSent), // never used: no entry stays in NONE
+		TCPSynSent:     int64(to.TCPSynSent),
+		TCPSynRecv:     int64(to.TCPSynRecv),
+		TCPEstablished: int64(to.TCPEstablished),
+		TCPFinWait:     int64(to.TCPFinWait),
+		TCPCloseWait:   int64(to.TCPCloseWait),
+		TCPLastAck:     int64(to.TCPLastAck),
+		TCPTimeWait:    int64(to.TCPTimeWait),
+		TCPClose:       int64(to.TCPClose),
+		TCPSynSent2:    int64(to.TCPSynSent2),
+		toRetrans:      int64(to.TCPMaxRetrans),
+		toUnack:        int64(to.TCPUnacknowledged),
+	}
+	return t, nil
+}
+
+// locate returns the shard of k and k's hash, which the shard's index reuses.
+func (t *Table) locate(k *Tuple) (*shard, uint64) {
+	h := k.hash(t.seed)
+	return &t.shards[h>>t.shift], h
+}
+
+// Classify parses pkt, an IPv4 or IPv6 packet starting at the IP header, and
+// classifies it for direction dir. It never inserts an entry: a packet that
+// would start a flow comes back as New, and Confirm inserts it. For a packet
+// of a tracked flow it runs the protocol state machine, updates counters and
+// refreshes the timeout, exactly once per call. It may remove an entry it
+// finds expired, or one the TCP state machine kills; OnRemove then runs before
+// Classify returns.
+//
+// Original-direction checksums are verified unless Config.SkipChecksums.
+// Any dir other than Original counts as Reply. Classify does not keep pkt. It
+// allocates nothing unless an entry is removed and OnRemove is set.
+func (t *Table) Classify(pkt []byte, dir Direction) (r Result) {
+	if dir != Original {
+		dir = Reply
+	}
+	r.Dir = dir
+	var outerDst [16]byte
+	out := parseOut{t: &r.Tuple, s: &r.seg, outerDst: &outerDst}
+	if reason := parseInto(pkt, t.verify && dir == Original, &out); reason != ReasonNone {
+		r.Tuple = Tuple{}
+		return t.invalidResult(r, reason)
+	}
+	if out.kind == kindICMPError {
+		return t.classifyRelated(r, &outerDst)
+	}
+	if dir == Reply {
+		r.Tuple.reverse()
+	}
+	now := t.clock.Now()
+	sh, h := t.locate(&r.Tuple)
+	var pend pending
+
+	sh.mu.Lock()
+	e := sh.idx.get(&r.Tuple, h)
+	if e != nil && now >= e.expires {
+		t.removeLocked(sh, e, RemoveExpired, now, &pend)
+		e = nil
+	}
+	if e == nil {
+		sh.mu.Unlock()
+		t.fire(&pend)
+		return t.noEntry(r)
+	}
+	o, reason := t.process(sh, e, dir, &r.seg, now)
+	if o == outKill || o == outRepeat {
+		t.removeLocked(sh, e, RemoveKilled, now, &pend)
+	}
+	sh.mu.Unlock()
+	t.fire(&pend)
+
+	switch o {
+	case outInvalid:
+		return t.invalidResult(r, reason)
+	case outRepeat:
+		return t.noEntry(r)
+	}
+	r.Verdict = Established
+	return r
+}
+
+// noEntry classifies a packet that found no entry: only an Original-direction
+// UDP datagram or plain TCP SYN may start a flow (tcp_new with loose=0: in
+// the kernel's table only a SYN leads from NONE to a state).
+func (t *Table) noEntry(r Result) Result {
+	switch {
+	case r.Dir != Original:
+		return t.invalidResult(r, ReasonNoEntryReply)
+	case r.Tuple.proto == TCP && tcpIndex(r.seg.flags) != idxSYN:
+		return t.invalidResult(r, ReasonNoEntryNotSYN)
+	}
+	r.Verdict = New
+	return r
+}
+
+func (t *Table) invalidResult(r Result, reason Reason) Result {
+	t.invalid[reason].Add(1)
+	r.Verdict = Invalid
+	r.Reason = reason
+	return r
+}
+
+// classifyRelated handles an ICMP error, as nf_conntrack_inet_error does: the
+// quoted packet travelled the other way, so an error arriving in the Original
+// direction quotes a Reply-direction packet of the flow and one in the Reply
+// direction quotes an Original-direction packet. The error must be addressed
+// to the quoted packet's source.
+func (t *Table) classifyRelated(r Result, outerDst *[16]byte) Result {
+	inner := r.Tuple
+	r.Tuple = Tuple{}
+	if inner.src != *outerDst {
+		return t.invalidResult(r, ReasonICMPUnrelated)
+	}
+	key := inner
+	if r.Dir == Original {
+		key = inner.Reverse()
+	}
+	now := t.clock.Now()
+	sh, h := t.locate(&key)
+	var pend pending
+
+	sh.mu.Lock()
+	e := sh.idx.get(&key, h)
+	if e != nil && now >= e.expires {
+		t.removeLocked(sh, e, RemoveExpired, now, &pend)
+		e = nil
+	}
+	sh.mu.Unlock()
+	t.fire(&pend)
+
+	if e == nil {
+		return t.invalidResult(r, ReasonICMPUnrelated)
+	}
+	t.related.Add(1)
+	r.Tuple = key
+	r.Verdict = Related
+	return r
+}
+
+// process runs the packet through e's state machine under sh's lock. It sets
+// SEEN_REPLY after an accepted Reply-direction packet, as nf_conntrack_in does
+// once the protocol accepted it.
+func (t *Table) process(sh *shard, e *entry, dir Direction, s *segment, now int64) (outcome, Reason) {
+	var out outcome
+	var reason Reason
+	if e.key.proto == TCP {
+		out, reason = t.tcpPacket(sh, e, dir, s, now)
+	} else {
+		t.udpPacket(sh, e, dir, s, now)
+		out = outAccept
+	}
+	if dir == Reply && (out == outAccept || out == outPass || out == outKill) {
+		e.status |= StatusSeenReply
+	}
+	return out, reason
+}
+
+// udpPacket is nf_conntrack_udp_packet: a flow that has seen a reply and is
+// more than 2 s old is a stream, gets the stream timeout and becomes ASSURED;
+// anything else gets the short timeout.
+func (t *Table) udpPacket(sh *shard, e *entry, dir Direction, s *segment, now int64) {
+	timeout := t.udpTO
+	if e.status&StatusSeenReply != 0 && now > e.created+udpStreamAge {
+		timeout = t.streamTO
+		if e.status&StatusAssured == 0 {
+			t.setAssured(sh, e)
+		}
+	}
+	t.refresh(sh, e, dir, s, now, timeout)
+}
+
+// refresh accounts the packet and restarts the timeout (nf_ct_refresh_acct).
+func (t *Table) refresh(sh *shard, e *entry, dir Direction, s *segment, now, timeout int64) {
+	e.packets[dir]++
+	e.bytes[dir] += uint64(s.ipLen)
+	e.lastSeen = now
+	sh.setExpiry(e, now+timeout)
+}
+
+func (t *Table) setAssured(sh *shard, e *entry) {
+	e.status |= StatusAssured
+	sh.unlink(e)
+}
+
+// Confirm inserts the entry for r, a New result of Classify that the
+// admission function accepted, and replays the packet on it. Call it at most
+// once per Result, before forwarding the packet.
+//
+// When another Confirm (or a retransmission) inserted the same tuple first,
+// the packet joins that entry instead: it is run through its state machine
+// and r.Verdict becomes Established, or Invalid with r.Reason. Forward the
+// packet when Confirm returns nil and r.Verdict is not Invalid.
+//
+// When the table is full, Confirm first removes expired entries of the
+// tuple's shard, then early-drops the oldest non-ASSURED entry, of this shard
+// or else of any other (nf_conntrack_core's early_drop, which never drops
+// ASSURED flows); if there is none it returns ErrTableFull and inserts
+// nothing. OnRemove runs for removed entries before Confirm returns.
+func (t *Table) Confirm(r *Result) error {
+	if r.Verdict != New || r.Dir != Original || !r.Tuple.IsValid() {
+		return ErrNotNew
+	}
+	key := r.Tuple
+	now := t.clock.Now()
+	sh, h := t.locate(&key)
+	var pend pending
+	defer t.fire(&pend) // runs after the unlock below on every path
+
+	sh.mu.Lock()
+	for attempt := 0; ; attempt++ {
+		if e := sh.idx.get(&key, h); e != nil {
+			if now < e.expires {
+				out, reason := t.process(sh, e, Original, &r.seg, now)
+				if out == outRepeat {
+					// A SYN reopening a closed connection: the old entry
+					// goes, and a new one is inserted below.
+					t.removeLocked(sh, e, RemoveKilled, now, &pend)
+				} else {
+					sh.joined++
+					if out == outKill {
+						t.removeLocked(sh, e, RemoveKilled, now, &pend)
+					}
+					sh.mu.Unlock()
+					if out == outInvalid {
+						t.invalid[reason].Add(1)
+						r.Verdict, r.Reason = Invalid, reason
+					} else {
+						r.Verdict = Established
+					}
+					return nil
+				}
+			} else {
+				t.removeLocked(sh, e, RemoveExpired, now, &pend)
+			}
+		}
+		if t.reserve() {
+			break
+		}
+		if attempt > 0 {
+			sh.mu.Unlock()
+			t.tableFull.Add(1)
+			return ErrTableFull
+		}
+		t.expireLocked(sh, now, &pend)
+		if t.reserve() {
+			break
+		}
+		if v := sh.head; v != nil {
+			t.removeLocked(sh, v, RemoveEvicted, now, &pend)
+			if t.reserve() {
+				break
+			}
+		}
+		// Nothing to drop here: look in the other shards, one lock at a
+		// time, then try once more.
+		sh.mu.Unlock()
+		t.fire(&pend)
+		t.evictElsewhere(sh, now)
+		sh.mu.Lock()
+	}
+
+	// A slot is reserved; build the entry from the packet.
+	e := &entry{key: key, id: t.nextID.Add(1), created: now, lastSeen: now, heapIdx: -1}
+	out, reason := outAccept, ReasonNone
+	if key.proto == TCP {
+		tcpNew(&e.tcp, &r.seg)
+		out, reason = t.tcpPacket(sh, e, Original, &r.seg, now)
+	} else {
+		t.udpPacket(sh, e, Original, &r.seg, now)
+	}
+	if out != outAccept {
+		// Unreachable for a SYN that Classify let through; kept so that a
+		// mistake shows as an invalid packet rather than a broken table.
+		sh.mu.Unlock()
+		t.count.Add(-1)
+		if reason == ReasonNone {
+			reason = ReasonStateMachine
+		}
+		t.invalid[reason].Add(1)
+		r.Verdict, r.Reason = Invalid, reason
+		return nil
+	}
+	sh.idx.insert(e, h)
+	sh.push(e)
+	sh.linkTail(e)
+	sh.n[protoSlot(key.proto)]++
+	sh.inserted++
+	sh.mu.Unlock()
+	return nil
+}
+
+// reserve takes a slot for a new entry if the table has room. The counter
+// never passes Max, not even for a moment.
+func (t *Table) reserve() bool {
+	for {
+		c := t.count.Load()
+		if c >= t.max {
+			return false
+		}
+		if t.count.CompareAndSwap(c, c+1) {
+			return true
+		}
+	}
+}
+
+// evictElsewhere early-drops one non-ASSURED entry from a shard other than
+// from, scanning the shards in order after it. It runs OnRemove itself.
+func (t *Table) evictElsewhere(from *shard, now int64) {
+	var pend pending
+	defer t.fire(&pend)
+	n := len(t.shards)
+	start := 0
+	for i := range t.shards {
+		if &t.shards[i] == from {
+			start = i
+			break
+		}
+	}
+	for k := 1; k < n; k++ {
+		sh := &t.shards[(start+k)%n]
+		sh.mu.Lock()
+		if t.expireLocked(sh, now, &pend) > 0 && t.count.Load() < t.max {
+			sh.mu.Unlock()
+			return
+		}
+		if v := sh.head; v != nil {
+			t.removeLocked(sh, v, RemoveEvicted, now, &pend)
+			sh.mu.Unlock()
+			return
+		}
+		sh.mu.Unlock()
+	}
+}
+
+func protoSlot(p Protocol) int {
+	if p == TCP {
+		return 0
+	}
+	return 1
+}
+
+// removeLocked takes e out of the table under sh's lock and, if OnRemove is
+// set, queues its final snapshot in pend.
+func (t *Table) removeLocked(sh *shard, e *entry, why RemoveReason, now int64, pend *pending) {
+	sh.idx.remove(&e.key, e.key.hash(t.seed))
+	sh.heapRemove(e)
+	if e.status&StatusAssured == 0 {
+		sh.unlink(e)
+	}
+	sh.n[protoSlot(e.key.proto)]--
+	switch why {
+	case RemoveExpired:
+		sh.expired++
+	case RemoveEvicted:
+		sh.evicted++
+	case RemoveDeleted:
+		sh.deleted++
+	case RemoveKilled:
+		sh.killed++
+	}
+	t.count.Add(-1)
+	if t.onRemove != nil {
+		pend.add(snapshot(e, now), why)
+	}
+}
+
+// expireLocked removes the entries of sh whose time has come and returns how
+// many. Entries whose heap key is stale (they were refreshed since) are moved
+// to their real expiry instead.
+func (t *Table) expireLocked(sh *shard, now int64, pend *pending) int {
+	n := 0
+	for len(sh.heap) > 0 {
+		top := &sh.heap[0]
+		if top.at > now {
+			break
+		}
+		if e := top.e; e.expires <= now {
+			t.removeLocked(sh, e, RemoveExpired, now, pend)
+			n++
+			continue
+		}
+		top.at = top.e.expires
+		sh.down(0)
+	}
+	return n
+}
+
+// Sweep removes every entry whose timeout has passed and returns how many it
+// removed, calling OnRemove for each. The table never sweeps by itself:
+// lookups drop the expired entries they meet, but only Sweep reclaims flows
+// that see no more packets, so the owner must call it periodically (every
+// second is plenty; the cost is proportional to the entries due, not to the
+// table's size). It locks one shard at a time.
+func (t *Table) Sweep() int {
+	now := t.clock.Now()
+	n := 0
+	for i := range t.shards {
+		var pend pending
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		n += t.expireLocked(sh, now, &pend)
+		sh.mu.Unlock()
+		t.fire(&pend)
+	}
+	return n
+}
+
+// Bind records on the live entry of the flow orig (an Original-direction
+// tuple) the endpoint it was sent to and the name of its service port, for
+// listing, filtering and OnRemove. The Reply tuple is then listed from the
+// endpoint to the client, as after the kernel's DNAT. A later Bind replaces
+// an earlier one. It reports false when no live entry exists.
+func (t *Table) Bind(orig Tuple, endpoint netip.AddrPort, servicePort string) bool {
+	if orig.family == 4 && endpoint.Addr().Is4In6() {
+		endpoint = netip.AddrPortFrom(endpoint.Addr().Unmap(), endpoint.Port())
+	}
+	now := t.clock.Now()
+	sh, h := t.locate(&orig)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.idx.get(&orig, h)
+	if e == nil || now >= e.expires {
+		return false
+	}
+	e.endpoint = endpoint
+	e.svcPort = servicePort
+	return true
+}
+
+// Get returns a snapshot of the live entry of the flow orig.
+func (t *Table) Get(orig Tuple) (EntryInfo, bool) {
+	now := t.clock.Now()
+	sh, h := t.locate(&orig)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.idx.get(&orig, h)
+	if e == nil || now >= e.expires {
+		return EntryInfo{}, false
+	}
+	return snapshot(e, now), true
+}
+
+// List returns snapshots of the live entries that match f, in no particular
+// order. It locks one shard at a time, so it is not an atomic picture of the
+// whole table.
+func (t *Table) List(f Filter) []EntryInfo {
+	now := t.clock.Now()
+	out := make([]EntryInfo, 0, max(t.count.Load(), 0))
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for j := range sh.idx.slots {
+			if e := sh.idx.slots[j].e; e != nil && now < e.expires && f.match(e) {
+				out = append(out, snapshot(e, now))
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
+
+// Delete removes the entries that match f (expired ones included) and returns
+// how many it removed, calling OnRemove with RemoveDeleted for each. Proxy
+// uses it to forget UDP flows of a removed endpoint, so that their next
+// datagram is New; `conntrack flush` is Delete(Filter{}).
+func (t *Table) Delete(f Filter) int {
+	now := t.clock.Now()
+	n := 0
+	for i := range t.shards {
+		var pend pending
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		var doomed []*entry // removal reshuffles the index: collect first
+		sh.idx.each(func(e *entry) {
+			if f.match(e) {
+				doomed = append(doomed, e)
+			}
+		})
+		for _, e := range doomed {
+			t.removeLocked(sh, e, RemoveDeleted, now, &pend)
+		}
+		n += len(doomed)
+		sh.mu.Unlock()
+		t.fire(&pend)
+	}
+	return n
+}
+
+// Len returns the number of entries, including expired ones not yet swept.
+func (t *Table) Len() int {
+	n := 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		n += sh.idx.n
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Stats is a snapshot of the table's gauges and counters. Counters only grow.
+type Stats struct {
+	// Entries currently held (including expired ones not yet swept), in all
+	// and per protocol; Max is the configured bound.
+	Entries    int
+	EntriesTCP int
+	EntriesUDP int
+	Max        int
+	// Invalid counts INVALID packets per Reason (Invalid[ReasonNone] stays
+	// zero); InvalidTotal is their sum, ct_state_invalid_dropped_packets.
+	Invalid      [NumReasons]uint64
+	InvalidTotal uint64
+	// Related counts ICMP errors classified Related.
+	Related uint64
+	// Inserted counts entries created by Confirm; Joined counts Confirm calls
+	// that found the entry already there.
+	Inserted uint64
+	Joined   uint64
+	// TableFull counts flows refused with ErrTableFull.
+	TableFull uint64
+	// Removals by reason: Evicted (early drop), Expired, Deleted, Killed.
+	Evicted uint64
+	Expired uint64
+	Deleted uint64
+	Killed  uint64
+}
+
+// Stats returns a snapshot of the counters. It locks one shard at a time, so
+// while other goroutines insert and remove entries the per-shard figures are
+// taken at slightly different moments: the sum in Entries can then briefly
+// read above Max, though the table itself never holds more than Max.
+func (t *Table) Stats() Stats {
+	s := Stats{Max: int(t.max)}
+	for r := range t.invalid {
+		s.Invalid[r] = t.invalid[r].Load()
+		s.InvalidTotal += s.Invalid[r]
+	}
+	s.Related = t.related.Load()
+	s.TableFull = t.tableFull.Load()
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		s.EntriesTCP += sh.n[0]
+		s.EntriesUDP += sh.n[1]
+		s.Inserted += sh.inserted
+		s.Joined += sh.joined
+		s.Evicted += sh.evicted
+		s.Expired += sh.expired
+		s.Deleted += sh.deleted
+		s.Killed += sh.killed
+		sh.mu.Unlock()
+	}
+	s.Entries = s.EntriesTCP + s.EntriesUDP
+	return s
+}
+
+// pending collects OnRemove calls to make once the locks are released. Its
+// zero value is a few words, cheap to set up on every packet; it allocates
+// only when something is removed and OnRemove is set.
+type pending struct {
+	list []removal
+}
+
+type removal struct {
+	info EntryInfo
+	why  RemoveReason
+}
+
+func (p *pending) add(i EntryInfo, why RemoveReason) {
+	p.list = append(p.list, removal{i, why})
+}
+
+// fire makes the queued OnRemove calls and empties p. Call it with no lock
+// held.
+func (t *Table) fire(p *pending) {
+	for _, r := range p.list {
+		t.onRemove(r.info, r.why)
+	}
+	p.list = p.list[:0]
+}
+
+// heapItem is an entry in a shard's expiry heap. Its key, at, is when the
+// entry was due at the last look, never later than its real expiry: a later
+// expiry is picked up lazily when the stale key comes due, so refreshing a
+// busy flow costs no heap work. The key sits next to the pointer so that
+// sifting does not touch the entries.
+type heapItem struct {
+	at int64
+	e  *entry
+}
+
+// setExpiry sets e's expiry, moving its heap key earlier if needed (a
+// shorter timeout).
+func (sh *shard) setExpiry(e *entry, at int64) {
+	e.expires = at
+	if i := int(e.heapIdx); i >= 0 && at < sh.heap[i].at {
+		sh.heap[i].at = at
+		sh.up(i)
+	}
+}
+
+// push adds e, keyed on its expiry.
+func (sh *shard) push(e *entry) {
+	e.heapIdx = int32(len(sh.heap))
+	sh.heap = append(sh.heap, heapItem{e.expires, e})
+	sh.up(int(e.heapIdx))
+}
+
+func (sh *shard) heapRemove(e *entry) {
+	i := int(e.heapIdx)
+	if i < 0 {
+		return
+	}
+	last := len(sh.heap) - 1
+	if i != last {
+		sh.swap(i, last)
+	}
+	sh.heap[last] = heapItem{}
+	sh.heap = sh.heap[:last]
+	e.heapIdx = -1
+	if i != last && !sh.down(i) {
+		sh.up(i)
+	}
+}
+
+func (sh *shard) swap(i, j int) {
+	h := sh.heap
+	h[i], h[j] = h[j], h[i]
+	h[i].e.heapIdx = int32(i)
+	h[j].e.heapIdx = int32(j)
+}
+
+func (sh *shard) up(i int) {
+	h := sh.heap
+	for i > 0 {
+		p := (i - 1) / 2
+		if h[p].at <= h[i].at {
+			return
+		}
+		sh.swap(i, p)
+		i = p
+	}
+}
+
+// down sifts i towards the leaves and reports whether it moved.
+func (sh *shard) down(i int) bool {
+	h := sh.heap
+	start := i
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			break
+		}
+		c := l
+		if r := l + 1; r < len(h) && h[r].at < h[l].at {
+			c = r
+		}
+		if h[i].at <= h[c].at {
+			break
+		}
+		sh.swap(i, c)
+		i = c
+	}
+	return i != start
+}
+
+func (sh *shard) linkTail(e *entry) {
+	e.prev, e.next = sh.tail, nil
+	if sh.tail != nil {
+		sh.tail.next = e
+	} else {
+		sh.head = e
+	}
+	sh.tail = e
+}
+
+func (sh *shard) unlink(e *entry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else if sh.head == e {
+		sh.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else if sh.tail == e {
+		sh.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+}

@@ -1,0 +1,284 @@
+package netstack
+
+// New flows, from gVisor's forwarders to the flow handler:
+//
+//  1. TCP: a SYN for an unknown connection reaches admitSYN, which enforces
+//     the in-flight bounds (global, and per client address) and passes it to
+//     gVisor's TCP forwarder; the forwarder runs handleTCP on a new goroutine.
+//  2. handleTCP wraps the request in a TCPRequest and calls the handler. The
+//     handler dials the endpoint first, then calls Accept (completing the
+//     client's handshake) or Refuse (RST). Whatever the handler does,
+//     including panicking or returning early, the request is completed
+//     exactly once: an uncompleted request is refused when the handler
+//     returns.
+//  3. UDP: the first datagram of a flow reaches handleUDP on the packet
+//     path; it registers a connected endpoint for the flow (cheap, never
+//     blocks) and starts the handler on its own goroutine.
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"runtime/debug"
+	"sync"
+	"syscall"
+
+	"go.uber.org/zap"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/userproxy/userproxy/conntrack"
+)
+
+// FlowHandler receives the flows the gate admitted. Its methods run on their
+// own goroutines (one per flow) and may block for the life of the flow.
+type FlowHandler interface {
+	// HandleTCP must call exactly one of r.Accept, r.Refuse or r.Ignore;
+	// if it returns without doing so, the stack refuses the connection.
+	HandleTCP(r *TCPRequest)
+	// HandleUDP owns r.Conn and must close it.
+	HandleUDP(r *UDPRequest)
+}
+
+// TCPRequest is a client's connection attempt (its SYN), waiting for the
+// handler's decision.
+type TCPRequest struct {
+	st     *Stack
+	fr     *tcp.ForwarderRequest
+	id     stack.TransportEndpointID
+	client netip.AddrPort
+	svc    netip.AddrPort
+	once   sync.Once
+}
+
+// Client returns the client's address and port.
+func (r *TCPRequest) Client() netip.AddrPort { return r.client }
+
+// Service returns the address and port the client connected to.
+func (r *TCPRequest) Service() netip.AddrPort { return r.svc }
+
+// Tuple returns the flow's conntrack tuple (client -> service).
+func (r *TCPRequest) Tuple() conntrack.Tuple {
+	return conntrack.MakeTuple(conntrack.TCP, r.client, r.svc)
+}
+
+// Context is done when the stack closes; use it for the endpoint dial.
+func (r *TCPRequest) Context() context.Context { return r.st.ctx }
+
+// errCompleted is returned by Accept on a request already completed.
+var errCompleted = errors.New("netstack: request already completed")
+
+// Accept completes the client's handshake and returns the connection. It
+// fails if the request was completed already or the handshake cannot be
+// done (the client went away); the request is completed either way.
+func (r *TCPRequest) Accept() (*TCPConn, error) {
+	var (
+		conn *TCPConn
+		err  error = errCompleted
+	)
+	r.once.Do(func() {
+		var wq waiter.Queue
+		ep, terr := r.fr.CreateEndpoint(&wq)
+		if terr != nil {
+			r.fr.Complete(true)
+			r.st.release(r.id)
+			err = errors.New("netstack: completing the handshake: " + terr.String())
+			return
+		}
+		r.fr.Complete(false)
+		r.st.release(r.id)
+		so := ep.SocketOptions()
+		so.SetKeepAlive(true)
+		conn, err = &TCPConn{TCPConn: gonet.NewTCPConn(&wq, ep), ep: ep}, nil
+	})
+	return conn, err
+}
+
+// Refuse answers the SYN with a RST, as a closed port does.
+func (r *TCPRequest) Refuse() { r.complete(true) }
+
+// Ignore drops the SYN without an answer (the client will retry).
+func (r *TCPRequest) Ignore() { r.complete(false) }
+
+func (r *TCPRequest) complete(reset bool) {
+	r.once.Do(func() {
+		r.fr.Complete(reset)
+		r.st.release(r.id)
+	})
+}
+
+// TCPConn is an accepted client connection. Besides net.Conn it has
+// CloseWrite and CloseRead (half-close) and Abort (close with a RST). Reads and
+// writes on a connection the client reset fail with an error that matches
+// syscall.ECONNRESET with errors.Is.
+type TCPConn struct {
+	*gonet.TCPConn
+	ep tcpip.Endpoint
+}
+
+// Read reads from the client.
+func (c *TCPConn) Read(b []byte) (int, error) {
+	n, err := c.TCPConn.Read(b)
+	return n, translate(err)
+}
+
+// Write writes to the client.
+func (c *TCPConn) Write(b []byte) (int, error) {
+	n, err := c.TCPConn.Write(b)
+	return n, translate(err)
+}
+
+// Abort closes the connection with a RST (SO_LINGER 0).
+func (c *TCPConn) Abort() error {
+	c.ep.SocketOptions().SetLinger(tcpip.LingerOption{Enabled: true, Timeout: 0})
+	return c.TCPConn.Close()
+}
+
+var resetText = (&tcpip.ErrConnectionReset{}).String()
+
+// translate turns gonet's stringified "connection reset by peer" into an
+// error wrapping syscall.ECONNRESET, so callers need no gVisor types.
+func translate(err error) error {
+	var op *net.OpError
+	if err != nil && errors.As(err, &op) && op.Err != nil && op.Err.Error() == resetText {
+		op.Err = syscall.ECONNRESET
+	}
+	return err
+}
+
+// UDPRequest is a new UDP flow: a connected socket that receives the
+// client's datagrams and sends replies from the service address.
+type UDPRequest struct {
+	// Conn is connected to the client; its local address is the service
+	// address. The handler owns it.
+	Conn   net.Conn
+	client netip.AddrPort
+	svc    netip.AddrPort
+	ctx    context.Context
+}
+
+// Client returns the client's address and port.
+func (r *UDPRequest) Client() netip.AddrPort { return r.client }
+
+// Service returns the address and port the client sent to.
+func (r *UDPRequest) Service() netip.AddrPort { return r.svc }
+
+// Tuple returns the flow's conntrack tuple (client -> service).
+func (r *UDPRequest) Tuple() conntrack.Tuple {
+	return conntrack.MakeTuple(conntrack.UDP, r.client, r.svc)
+}
+
+// Context is done when the stack closes.
+func (r *UDPRequest) Context() context.Context { return r.ctx }
+
+func endpoints(id stack.TransportEndpointID) (client, svc netip.AddrPort) {
+	return netip.AddrPortFrom(toAddr(id.RemoteAddress), id.RemotePort),
+		netip.AddrPortFrom(toAddr(id.LocalAddress), id.LocalPort)
+}
+
+// admitSYN is the TCP protocol handler: it applies the in-flight bounds to
+// new connection requests before gVisor's forwarder sees them (step 1).
+func (st *Stack) admitSYN(id stack.TransportEndpointID, pkt *stack.PacketBuffer) bool {
+	th := header.TCP(pkt.TransportHeader().Slice())
+	if len(th) < header.TCPMinimumSize || th.Flags()&(header.TCPFlagSyn|header.TCPFlagAck) != header.TCPFlagSyn {
+		return st.tcpFwd.HandlePacket(id, pkt)
+	}
+	client := toAddr(id.RemoteAddress)
+	st.mu.Lock()
+	if _, dup := st.inFlight[id]; dup {
+		st.mu.Unlock()
+		return st.tcpFwd.HandlePacket(id, pkt) // a retransmitted SYN: gVisor ignores it
+	}
+	if st.closed || len(st.inFlight) >= st.maxInFlight || st.perAddr[client] >= st.perClient {
+		st.mu.Unlock()
+		st.counters.inFlightLimited.Add(1)
+		return true // dropped: the client retransmits
+	}
+	st.inFlight[id] = struct{}{}
+	st.perAddr[client]++
+	st.handlers.Add(1)
+	st.mu.Unlock()
+	if !st.tcpFwd.HandlePacket(id, pkt) {
+		// Not taken (a bad checksum): undo.
+		st.release(id)
+		st.handlers.Done()
+		return false
+	}
+	return true
+}
+
+// release returns a request's in-flight slot.
+func (st *Stack) release(id stack.TransportEndpointID) {
+	client := toAddr(id.RemoteAddress)
+	st.mu.Lock()
+	if _, ok := st.inFlight[id]; ok {
+		delete(st.inFlight, id)
+		if st.perAddr[client]--; st.perAddr[client] <= 0 {
+			delete(st.perAddr, client)
+		}
+	}
+	st.mu.Unlock()
+}
+
+// handleTCP runs on the goroutine gVisor's forwarder starts (step 2).
+func (st *Stack) handleTCP(fr *tcp.ForwarderRequest) {
+	defer st.handlers.Done()
+	id := fr.ID()
+	client, svc := endpoints(id)
+	r := &TCPRequest{st: st, fr: fr, id: id, client: client, svc: svc}
+	defer func() {
+		if p := recover(); p != nil {
+			st.counters.handlerPanics.Add(1)
+			st.logger.Error("TCP flow handler panicked", zap.Any("panic", p),
+				zap.Stringer("client", client), zap.Stringer("service", svc), zap.ByteString("stack", debug.Stack()))
+		}
+		r.Refuse() // a no-op when the handler completed the request
+	}()
+	h := st.flowHandler()
+	if h == nil {
+		return
+	}
+	h.HandleTCP(r)
+}
+
+// handleUDP is the UDP forwarder's handler, on the packet path (step 3).
+func (st *Stack) handleUDP(fr *udp.ForwarderRequest) bool {
+	h := st.flowHandler()
+	st.mu.Lock()
+	if st.closed || h == nil {
+		st.mu.Unlock()
+		return true // dropped
+	}
+	st.handlers.Add(1)
+	st.mu.Unlock()
+	var wq waiter.Queue
+	ep, err := fr.CreateEndpoint(&wq)
+	if err != nil {
+		st.handlers.Done()
+		st.logger.Debug("creating a UDP endpoint", zap.String("error", err.String()))
+		return true
+	}
+	client, svc := endpoints(fr.ID())
+	r := &UDPRequest{Conn: gonet.NewUDPConn(&wq, ep), client: client, svc: svc, ctx: st.ctx}
+	go st.runUDP(h, r)
+	return true
+}
+
+func (st *Stack) runUDP(h FlowHandler, r *UDPRequest) { // UDP flow handler
+	defer st.handlers.Done()
+	defer func() {
+		if p := recover(); p != nil {
+			st.counters.handlerPanics.Add(1)
+			st.logger.Error("UDP flow handler panicked", zap.Any("panic", p),
+				zap.Stringer("client", r.client), zap.Stringer("service", r.svc), zap.ByteString("stack", debug.Stack()))
+			_ = r.Conn.Close()
+		}
+	}()
+	h.HandleUDP(r)
+}

@@ -1,0 +1,194 @@
+package netstack
+
+// The gate: every packet between the link and gVisor passes here.
+//
+//  1. A packet from the link (client -> service) is copied into a pooled
+//     buffer and classified by conntrack in the Original direction.
+//  2. INVALID: dropped and counted; gVisor never sees it (it would answer a
+//     stray ACK with a RST).
+//  3. NEW: the admission function decides. Reject: an ICMP or ICMPv6 port
+//     unreachable quoting the packet goes back to the link (rate-limited) and
+//     the packet is dropped. Drop: dropped silently. Accept: the entry is
+//     confirmed (a full table refuses the flow, counted) and the packet goes
+//     on.
+//  4. ESTABLISHED and RELATED packets go on into gVisor.
+//  5. Packets gVisor writes to the link are classified in the Reply direction;
+//     INVALID ones are dropped and counted, the rest are written.
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/userproxy/userproxy/conntrack"
+)
+
+// Decision is the admission function's answer for a new flow.
+type Decision uint8
+
+const (
+	// Accept lets the flow in: the forwarders will hand it to the flow
+	// handler.
+	Accept Decision = iota
+	// Reject refuses the flow with an ICMP port unreachable, as iptables'
+	// REJECT does (no service port, or no usable endpoints).
+	Reject
+	// Drop discards the packet silently, as iptables' DROP does
+	// (internalTrafficPolicy Local without local endpoints).
+	Drop
+)
+
+// AdmitFunc decides a new flow from its Original-direction tuple (client ->
+// service). It is called on the packet path, concurrently: it must be quick
+// and must not block.
+type AdmitFunc func(flow conntrack.Tuple) Decision
+
+// maxPacket is the largest packet the gate copies: the IPv4 and IPv6 (without
+// jumbograms) maximum.
+const maxPacket = 65535 + 40
+
+// packetPool holds buffers of maxPacket bytes for classification.
+var packetPool = sync.Pool{New: func() any { b := make([]byte, maxPacket); return &b }}
+
+// gateCounters are shared by the gates of one Stack.
+type gateCounters struct {
+	inbound, outbound  atomic.Uint64
+	invalidIn          atomic.Uint64
+	invalidOut         atomic.Uint64
+	rejected           atomic.Uint64
+	rejectRateLimited  atomic.Uint64
+	dropped            atomic.Uint64
+	tableFull          atomic.Uint64
+	oversized          atomic.Uint64
+	accepted           atomic.Uint64
+	outboundWriteError atomic.Uint64
+	inFlightLimited    atomic.Uint64
+	handlerPanics      atomic.Uint64
+}
+
+// gate wraps a link endpoint; see the flow comment at the top of the file.
+type gate struct {
+	nested.Endpoint
+	child    stack.LinkEndpoint
+	ct       *conntrack.Table
+	admit    func() AdmitFunc
+	rejecter *rejecter
+	counters *gateCounters
+}
+
+var _ stack.LinkEndpoint = (*gate)(nil)
+var _ stack.NetworkDispatcher = (*gate)(nil)
+
+func newGate(child stack.LinkEndpoint, ct *conntrack.Table, admit func() AdmitFunc, rej *rejecter, c *gateCounters) *gate {
+	g := &gate{child: child, ct: ct, admit: admit, rejecter: rej, counters: c}
+	g.Endpoint.Init(child, g)
+	return g
+}
+
+// DeliverNetworkPacket receives a packet from the link (steps 1-4).
+func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	g.counters.inbound.Add(1)
+	bp := packetPool.Get().(*[]byte)
+	defer packetPool.Put(bp)
+	if pkt.Size() > len(*bp) {
+		g.counters.oversized.Add(1)
+		return
+	}
+	b := appendPacket((*bp)[:0], pkt)
+	res := g.ct.Classify(b, conntrack.Original)
+	switch res.Verdict {
+	case conntrack.Invalid:
+		g.counters.invalidIn.Add(1)
+		return
+	case conntrack.New:
+		switch g.admit()(res.Tuple) {
+		case Reject:
+			g.counters.rejected.Add(1)
+			g.reject(proto, b)
+			return
+		case Drop:
+			g.counters.dropped.Add(1)
+			return
+		}
+		if err := g.ct.Confirm(&res); err != nil {
+			g.counters.tableFull.Add(1)
+			return
+		}
+		if res.Verdict == conntrack.Invalid {
+			g.counters.invalidIn.Add(1)
+			return
+		}
+		g.counters.accepted.Add(1)
+	}
+	g.Endpoint.DeliverNetworkPacket(proto, pkt)
+}
+
+// reject writes an ICMP port unreachable for the packet b to the link,
+// bypassing classification (it belongs to no flow).
+func (g *gate) reject(proto tcpip.NetworkProtocolNumber, b []byte) {
+	if !g.rejecter.allow() {
+		g.counters.rejectRateLimited.Add(1)
+		return
+	}
+	reply := buildPortUnreachable(b)
+	if reply == nil {
+		return
+	}
+	pb := newPacket(reply, proto)
+	var pl stack.PacketBufferList
+	pl.PushBack(pb)
+	if _, err := g.child.WritePackets(pl); err != nil {
+		g.counters.outboundWriteError.Add(1)
+	}
+	pl.DecRef()
+}
+
+// WritePackets classifies the stack's packets in the Reply direction and
+// writes the valid ones to the link (step 5). Dropped packets count as
+// written: to gVisor the link took them.
+func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	n := pkts.Len()
+	g.counters.outbound.Add(uint64(n))
+	bp := packetPool.Get().(*[]byte)
+	defer packetPool.Put(bp)
+	var drop []bool
+	for i, pkt := range pkts.AsSlice() {
+		if pkt.Size() > len(*bp) {
+			g.counters.oversized.Add(1)
+			drop = markDrop(drop, n, i)
+			continue
+		}
+		b := appendPacket((*bp)[:0], pkt)
+		if g.ct.Classify(b, conntrack.Reply).Verdict == conntrack.Invalid {
+			g.counters.invalidOut.Add(1)
+			drop = markDrop(drop, n, i)
+		}
+	}
+	if drop == nil {
+		return g.child.WritePackets(pkts)
+	}
+	var keep stack.PacketBufferList
+	for i, pkt := range pkts.AsSlice() {
+		if !drop[i] {
+			keep.PushBack(pkt)
+		}
+	}
+	if keep.Len() == 0 {
+		return n, nil
+	}
+	if _, err := g.child.WritePackets(keep); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+func markDrop(drop []bool, n, i int) []bool {
+	if drop == nil {
+		drop = make([]bool, n)
+	}
+	drop[i] = true
+	return drop
+}

@@ -1,0 +1,226 @@
+package netstack
+
+import (
+	"context"
+	"io"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/userproxy/userproxy/conntrack"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type echoHandler struct{}
+
+func (echoHandler) HandleTCP(r *TCPRequest) {
+	c, err := r.Accept()
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	_, _ = io.Copy(c, c)
+}
+
+func (echoHandler) HandleUDP(r *UDPRequest) { r.Conn.Close() }
+
+func newTestStack(t *testing.T, admit AdmitFunc) (*Stack, *MemoryLink, *conntrack.Table) {
+	t.Helper()
+	ct, err := conntrack.NewTable(conntrack.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := NewMemoryLink(0, 64)
+	st, err := New(Options{Link: &link.Link, Conntrack: ct, Admit: admit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	st.SetFlowHandler(echoHandler{})
+	return st, link, ct
+}
+
+func accept(conntrack.Tuple) Decision { return Accept }
+
+// tcpPacket builds an IPv4 TCP segment with correct checksums.
+func tcpPacket(src, dst netip.AddrPort, flags header.TCPFlags, seq, ack uint32) []byte {
+	b := make([]byte, header.IPv4MinimumSize+header.TCPMinimumSize)
+	ip := header.IPv4(b)
+	s, d := tcpip.AddrFrom4(src.Addr().As4()), tcpip.AddrFrom4(dst.Addr().As4())
+	ip.Encode(&header.IPv4Fields{TotalLength: uint16(len(b)), TTL: 64, Protocol: uint8(header.TCPProtocolNumber), SrcAddr: s, DstAddr: d})
+	ip.SetChecksum(^ip.CalculateChecksum())
+	tcp := header.TCP(b[header.IPv4MinimumSize:])
+	tcp.Encode(&header.TCPFields{SrcPort: src.Port(), DstPort: dst.Port(), SeqNum: seq, AckNum: ack, DataOffset: header.TCPMinimumSize, Flags: flags, WindowSize: 65535})
+	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, s, d, uint16(len(tcp)))
+	tcp.SetChecksum(^checksum.Checksum(tcp, xsum))
+	return b
+}
+
+var (
+	client  = netip.MustParseAddrPort("192.0.2.7:40000")
+	service = netip.MustParseAddrPort("10.96.0.10:80")
+)
+
+// A stray ACK (no connection) is INVALID: dropped and counted, and gVisor
+// never answers it with a RST.
+func TestStrayACKIsDroppedWithoutRST(t *testing.T) {
+	st, link, ct := newTestStack(t, accept)
+	link.Inject(tcpPacket(client, service, header.TCPFlagAck, 1000, 2000))
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if pkt := link.Read(ctx); pkt != nil {
+		t.Fatalf("the stack answered a stray ACK with %d bytes (flags %v)", len(pkt), header.TCP(pkt[20:]).Flags())
+	}
+	if got := st.Stats().InvalidIn; got != 1 {
+		t.Errorf("InvalidIn = %d, want 1", got)
+	}
+	if got := ct.Stats().Invalid[conntrack.ReasonNoEntryNotSYN]; got != 1 {
+		t.Errorf("conntrack no_entry_not_syn = %d, want 1", got)
+	}
+}
+
+// A SYN the admission function rejects gets an ICMP port unreachable from
+// the service address, quoting the SYN.
+func TestRejectSendsPortUnreachable(t *testing.T) {
+	st, link, _ := newTestStack(t, func(conntrack.Tuple) Decision { return Reject })
+	syn := tcpPacket(client, service, header.TCPFlagSyn, 1000, 0)
+	link.Inject(syn)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pkt := link.Read(ctx)
+	if pkt == nil {
+		t.Fatal("no ICMP error")
+	}
+	ip := header.IPv4(pkt)
+	if !ip.IsChecksumValid() || ip.Protocol() != uint8(header.ICMPv4ProtocolNumber) {
+		t.Fatalf("not a valid ICMP packet: %x", pkt)
+	}
+	if ip.SourceAddress() != tcpip.AddrFrom4(service.Addr().As4()) || ip.DestinationAddress() != tcpip.AddrFrom4(client.Addr().As4()) {
+		t.Errorf("ICMP from %s to %s, want from the service to the client", ip.SourceAddress(), ip.DestinationAddress())
+	}
+	icmp := header.ICMPv4(ip.Payload())
+	if icmp.Type() != header.ICMPv4DstUnreachable || icmp.Code() != header.ICMPv4PortUnreachable {
+		t.Errorf("ICMP type %d code %d, want 3/3", icmp.Type(), icmp.Code())
+	}
+	if checksum.Checksum(icmp, 0) != 0xffff {
+		t.Error("bad ICMP checksum")
+	}
+	if quoted := icmp[header.ICMPv4MinimumSize:]; string(quoted) != string(syn) {
+		t.Errorf("quoted %x, want the SYN %x", quoted, syn)
+	}
+	if s := st.Stats(); s.Rejected != 1 {
+		t.Errorf("Rejected = %d", s.Rejected)
+	}
+}
+
+// Drop: no answer at all.
+func TestDropIsSilent(t *testing.T) {
+	st, link, _ := newTestStack(t, func(conntrack.Tuple) Decision { return Drop })
+	link.Inject(tcpPacket(client, service, header.TCPFlagSyn, 1000, 0))
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if pkt := link.Read(ctx); pkt != nil {
+		t.Fatalf("a dropped flow was answered: %x", pkt)
+	}
+	if s := st.Stats(); s.Dropped != 1 {
+		t.Errorf("Dropped = %d", s.Dropped)
+	}
+}
+
+// An accepted SYN from the link is answered with a SYN-ACK (the handler
+// accepts), and its conntrack entry exists.
+func TestAcceptedSYNGetsSYNACK(t *testing.T) {
+	_, link, ct := newTestStack(t, accept)
+	link.Inject(tcpPacket(client, service, header.TCPFlagSyn, 1000, 0))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pkt := link.Read(ctx)
+	if pkt == nil {
+		t.Fatal("no answer to the SYN")
+	}
+	tcp := header.TCP(header.IPv4(pkt).Payload())
+	if tcp.Flags() != header.TCPFlagSyn|header.TCPFlagAck || tcp.AckNumber() != 1001 {
+		t.Fatalf("answer flags %v ack %d, want SYN-ACK 1001", tcp.Flags(), tcp.AckNumber())
+	}
+	if _, ok := ct.Get(conntrack.MakeTuple(conntrack.TCP, client, service)); !ok {
+		t.Fatal("no conntrack entry for the accepted flow")
+	}
+}
+
+// In-process clients go through the gate: an echo over DialContext, and a
+// refused dial when admission rejects.
+func TestDialContextThroughGate(t *testing.T) {
+	st, _, ct := newTestStack(t, accept)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := st.DialContext(ctx, "tcp", service.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = c.Write([]byte("hello"))
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "hello" {
+		t.Fatalf("echo: %q, %v", buf, err)
+	}
+	c.Close()
+	if ct.Stats().Inserted != 1 {
+		t.Errorf("conntrack inserted %d entries, want 1", ct.Stats().Inserted)
+	}
+	st.SetAdmit(func(conntrack.Tuple) Decision { return Reject })
+	if _, err := st.DialContext(ctx, "tcp", "10.96.0.11:80"); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("dial to a rejected flow: %v, want connection refused", err)
+	}
+}
+
+func TestBuildPortUnreachableIPv6(t *testing.T) {
+	b := make([]byte, header.IPv6MinimumSize+header.UDPMinimumSize+4)
+	src, dst := tcpip.AddrFrom16(netip.MustParseAddr("fd00::1").As16()), tcpip.AddrFrom16(netip.MustParseAddr("fd00:96::10").As16())
+	header.IPv6(b).Encode(&header.IPv6Fields{PayloadLength: header.UDPMinimumSize + 4, TransportProtocol: header.UDPProtocolNumber, HopLimit: 64, SrcAddr: src, DstAddr: dst})
+	out := buildPortUnreachable(b)
+	ip := header.IPv6(out)
+	if ip.SourceAddress() != dst || ip.DestinationAddress() != src || ip.NextHeader() != uint8(header.ICMPv6ProtocolNumber) {
+		t.Fatalf("bad IPv6 header: %x", out)
+	}
+	icmp := header.ICMPv6(ip.Payload())
+	if icmp.Type() != header.ICMPv6DstUnreachable || icmp.Code() != header.ICMPv6PortUnreachable {
+		t.Fatalf("type %d code %d", icmp.Type(), icmp.Code())
+	}
+	xsum := header.PseudoHeaderChecksum(header.ICMPv6ProtocolNumber, ip.SourceAddress(), ip.DestinationAddress(), uint16(len(icmp)))
+	if checksum.Checksum(icmp, xsum) != 0xffff {
+		t.Error("bad ICMPv6 checksum")
+	}
+	if string(icmp[header.ICMPv6DstUnreachableMinimumSize:]) != string(b) {
+		t.Error("quoted packet differs")
+	}
+}
+
+func TestRejecterRateLimit(t *testing.T) {
+	now := time.Unix(0, 0)
+	r := newRejecter(1000, 50, func() time.Time { return now })
+	n := 0
+	for range 100 {
+		if r.allow() {
+			n++
+		}
+	}
+	if n != 50 {
+		t.Fatalf("burst allowed %d, want 50", n)
+	}
+	now = now.Add(10 * time.Millisecond) // 10 tokens
+	n = 0
+	for range 100 {
+		if r.allow() {
+			n++
+		}
+	}
+	if n != 10 {
+		t.Fatalf("after 10ms allowed %d, want 10", n)
+	}
+}

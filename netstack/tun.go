@@ -1,0 +1,14 @@
+package netstack
+
+// TUNOptions says how to open a TUN device.
+type TUNOptions struct {
+	// Name is the device name (on Linux, an existing persistent device
+	// owned by the calling user is opened without privileges). On macOS the
+	// system picks a utun name and Name is ignored.
+	Name string
+	// MTU of the device; 0 means DefaultMTU. It must match the device's.
+	MTU uint32
+	// Queues is the number of queues to open (Linux multi-queue TUN); each
+	// gets its own dispatcher goroutine. 0 means 1.
+	Queues int
+}

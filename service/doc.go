@@ -1,11 +1,35 @@
 // Package service turns Kubernetes Services and EndpointSlices into an
 // immutable Table of service ports with their usable endpoints, in the order
-// and with the selection rules of kube-proxy, and coalesces changes into new
-// tables (Tracker).
+// and with the selection rules of kube-proxy's iptables mode, and coalesces
+// changes into new tables (Tracker).
 //
-// Callers: source (feeds objects into a Tracker), proxy (looks up flows),
-// admin (lists services).
+// Callers: source (feeds objects into a Tracker through the Handler
+// interface), proxy (looks flows up in Tracker.Current, reacts to Changes),
+// admin (lists Ports, Skipped and Stats).
+//
+// What it matches, and where kube-proxy does it:
+//   - which services are proxied: servicechangetracker.go and
+//     ShouldSkipService (headless and ExternalName are skipped; so is SCTP,
+//     which kube-proxy supports and we do not);
+//   - which endpoints, in which order: endpointslicecache.go (merge slices
+//     by port name and protocol, de-duplicate by "ip:port", sort by that
+//     string) and topology.go CategorizeEndpoints (Ready endpoints allowed by
+//     topology hints, else Serving+Terminating; internalTrafficPolicy Local);
+//   - what a flow gets: proxier.go syncProxyRules (no endpoints: REJECT;
+//     Local policy with no local endpoint: DROP).
+//
+// Deliberate differences: one Port per IP family of a dual-stack service
+// (kube-proxy runs one proxier per family, which is the same thing); where
+// two slices carry the same endpoint the first slice by name wins (kube-proxy
+// keeps an arbitrary copy; both prefer a local one); node hints
+// (PreferSameNode) always apply, as with kube-proxy's feature gate on;
+// external traffic (NodePort, LoadBalancer, externalIPs) is not modelled yet.
+//
+// Concurrency: a Table is immutable and read without locks; a Tracker is
+// safe for concurrent use and owns no goroutine (builds run in the caller's
+// or a timer's goroutine, see Tracker). Time comes from a Clock.
 //
 // It is pure: it imports only k8s.io/api and k8s.io/apimachinery types to
-// convert them, and no other userproxy package; no client-go, no logging.
+// convert them, and no other userproxy package; no client-go, no logging —
+// it reports through return values, Skipped and Stats.
 package service

@@ -1,0 +1,187 @@
+package integration
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/userproxy/userproxy/balancer"
+	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/netstack"
+	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/service"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testSeed returns USERPROXY_SEED if set, else def, and logs it.
+func testSeed(t testing.TB, def uint64) uint64 {
+	t.Helper()
+	seed := def
+	if s := os.Getenv("USERPROXY_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 0, 64)
+		if err != nil {
+			t.Fatalf("USERPROXY_SEED=%q: %v", s, err)
+		}
+		seed = v
+	}
+	t.Logf("seed %d (set USERPROXY_SEED to repeat)", seed)
+	return seed
+}
+
+// rig is the whole datapath over one link: the stack with its gate, the
+// proxy, conntrack, and a service tracker that feeds the proxy. Endpoints are
+// real sockets on loopback in the test's own network namespace.
+type rig struct {
+	t       testing.TB
+	ct      *conntrack.Table
+	st      *netstack.Stack
+	px      *proxy.Proxy
+	tracker *service.Tracker
+}
+
+func newRig(t testing.TB, link *netstack.Link, seed uint64) *rig {
+	t.Helper()
+	h := &rig{t: t}
+	var err error
+	h.ct, err = conntrack.NewTable(conntrack.Config{OnRemove: func(i conntrack.EntryInfo, r conntrack.RemoveReason) {
+		h.px.OnConntrackRemove(i, r)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.px, err = proxy.New(proxy.Config{Conntrack: h.ct, Rand: balancer.NewSeededSource(seed), Logger: zaptest.NewLogger(t), DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.st, err = netstack.New(netstack.Options{Link: link, Conntrack: h.ct, Admit: h.px.Admit, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.st.SetFlowHandler(h.px)
+	h.tracker, err = service.NewTracker(service.Config{NodeName: "node-a", OnSync: h.px.SetTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		h.st.Close()
+		h.tracker.Close()
+	})
+	h.tracker.OnSynced()
+	return h
+}
+
+// addService adds a ClusterIP service with one port and one EndpointSlice
+// per endpoint (so endpoints may differ in port).
+func (h *rig) addService(name, clusterIP string, proto v1.Protocol, port int32, affinity bool, endpoints ...netip.AddrPort) {
+	h.t.Helper()
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: v1.ServiceSpec{
+			Type:       v1.ServiceTypeClusterIP,
+			ClusterIP:  clusterIP,
+			ClusterIPs: []string{clusterIP},
+			Ports:      []v1.ServicePort{{Name: "p", Protocol: proto, Port: port, TargetPort: intstr.FromString("p")}},
+		},
+	}
+	if affinity {
+		svc.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+	}
+	h.tracker.OnServiceAdd(svc)
+	for i, ep := range endpoints {
+		at := discoveryv1.AddressTypeIPv4
+		if ep.Addr().Is6() {
+			at = discoveryv1.AddressTypeIPv6
+		}
+		pn, pp := "p", int32(ep.Port())
+		h.tracker.OnEndpointSliceAdd(&discoveryv1.EndpointSlice{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("%s-%d", name, i),
+				Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+			AddressType: at,
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ep.Addr().String()}}},
+			Ports:       []discoveryv1.EndpointPort{{Name: &pn, Protocol: &proto, Port: &pp}},
+		})
+	}
+	if h.tracker.Current() == nil {
+		h.t.Fatal("no table after adding a service")
+	}
+}
+
+// removeSlice deletes the i-th EndpointSlice of a service added by
+// addService.
+func (h *rig) removeSlice(name string, i int) {
+	h.tracker.OnEndpointSliceDelete(&discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("%s-%d", name, i),
+			Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+	})
+}
+
+// tcpBackend is an endpoint: a listener on loopback serving each connection
+// with serve, until the test ends.
+type tcpBackend struct {
+	ln   net.Listener
+	addr netip.AddrPort
+	wg   sync.WaitGroup
+}
+
+func startTCPBackend(t testing.TB, host string, serve func(net.Conn)) *tcpBackend {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &tcpBackend{ln: ln, addr: ln.Addr().(*net.TCPAddr).AddrPort()}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.wg.Add(1)
+			go func() {
+				defer b.wg.Done()
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	t.Cleanup(b.stop)
+	return b
+}
+
+func (b *tcpBackend) stop() {
+	_ = b.ln.Close()
+	b.wg.Wait()
+}
+
+// nameServer writes name and closes.
+func nameServer(name string) func(net.Conn) {
+	return func(c net.Conn) { _, _ = io.WriteString(c, name) }
+}
+
+// closedPort returns a loopback TCP port nothing listens on.
+func closedPort(t testing.TB) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ap := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close()
+	return ap
+}

@@ -1,0 +1,142 @@
+package proxy
+
+import (
+	"net/netip"
+	"testing"
+
+	"go.uber.org/goleak"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/netstack"
+	"github.com/userproxy/userproxy/service"
+)
+
+// The datapath scenarios (split, affinity, refusals, bulk, half-close,
+// resets, UDP, IPv6) run in integration/, in-process and on a real TUN. The
+// tests here cover the proxy's own decisions.
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func newTestProxy(t *testing.T) (*Proxy, *service.Tracker, *conntrack.Table) {
+	t.Helper()
+	var p *Proxy
+	ct, err := conntrack.NewTable(conntrack.Config{OnRemove: func(i conntrack.EntryInfo, r conntrack.RemoveReason) { p.OnConntrackRemove(i, r) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err = New(Config{Conntrack: ct})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := service.NewTracker(service.Config{NodeName: "node-a", OnSync: p.SetTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tr.Close)
+	return p, tr, ct
+}
+
+func svc(name, ip string, proto v1.Protocol, port int32, mods ...func(*v1.Service)) *v1.Service {
+	s := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, ClusterIP: ip, ClusterIPs: []string{ip},
+			Ports: []v1.ServicePort{{Name: "p", Protocol: proto, Port: port}}},
+	}
+	for _, m := range mods {
+		m(s)
+	}
+	return s
+}
+
+func slice(svcName, name string, proto v1.Protocol, port int32, node string, addrs ...string) *discoveryv1.EndpointSlice {
+	pn := "p"
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svcName}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &pn, Protocol: &proto, Port: &port}},
+	}
+	for _, a := range addrs {
+		n := node
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}, NodeName: &n})
+	}
+	return es
+}
+
+// Admit maps table verdicts to the gate's decisions as kube-proxy's rules do:
+// REJECT for no service, unknown port and no endpoints; DROP for
+// internalTrafficPolicy Local without local endpoints.
+func TestAdmitDecisions(t *testing.T) {
+	p, tr, _ := newTestProxy(t)
+	local := v1.ServiceInternalTrafficPolicyLocal
+	tr.OnServiceAdd(svc("web", "10.96.0.1", v1.ProtocolTCP, 80))
+	tr.OnEndpointSliceAdd(slice("web", "web-1", v1.ProtocolTCP, 8080, "node-b", "10.0.0.1"))
+	tr.OnServiceAdd(svc("empty", "10.96.0.2", v1.ProtocolTCP, 80))
+	tr.OnServiceAdd(svc("local", "10.96.0.3", v1.ProtocolTCP, 80, func(s *v1.Service) { s.Spec.InternalTrafficPolicy = &local }))
+	tr.OnEndpointSliceAdd(slice("local", "local-1", v1.ProtocolTCP, 8080, "node-b", "10.0.0.2"))
+
+	client := netip.MustParseAddrPort("192.0.2.1:5000")
+	tuple := func(proto conntrack.Protocol, dst string) conntrack.Tuple {
+		return conntrack.MakeTuple(proto, client, netip.MustParseAddrPort(dst))
+	}
+	if got := p.Admit(tuple(conntrack.TCP, "10.96.0.1:80")); got != netstack.Reject {
+		t.Fatalf("before the first table: %v, want Reject", got)
+	}
+	tr.OnSynced()
+	cases := []struct {
+		name string
+		flow conntrack.Tuple
+		want netstack.Decision
+	}{
+		{"forward", tuple(conntrack.TCP, "10.96.0.1:80"), netstack.Accept},
+		{"not a ClusterIP", tuple(conntrack.TCP, "10.96.0.9:80"), netstack.Reject},
+		{"unknown port", tuple(conntrack.TCP, "10.96.0.1:81"), netstack.Reject},
+		{"TCP port probed with UDP", tuple(conntrack.UDP, "10.96.0.1:80"), netstack.Reject},
+		{"no endpoints", tuple(conntrack.TCP, "10.96.0.2:80"), netstack.Reject},
+		{"local policy, none local", tuple(conntrack.TCP, "10.96.0.3:80"), netstack.Drop},
+	}
+	for _, c := range cases {
+		if got := p.Admit(c.flow); got != c.want {
+			t.Errorf("%s: Admit = %v, want %v", c.name, got, c.want)
+		}
+	}
+	s := p.Stats()
+	if s.Flows[0][ResultRejectedNoService] != 3 || s.Flows[1][ResultRejectedNoService] != 1 ||
+		s.Flows[0][ResultRejectedNoEndpoints] != 1 || s.Flows[0][ResultDroppedLocalPolicy] != 1 {
+		t.Errorf("flow counters %+v", s.Flows)
+	}
+}
+
+// A new table keeps the affinity state of unchanged service ports and drops
+// the lists of endpoints that left.
+func TestSetTableKeepsAffinityOfSurvivors(t *testing.T) {
+	p, tr, _ := newTestProxy(t)
+	affinity := func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }
+	tr.OnServiceAdd(svc("web", "10.96.0.1", v1.ProtocolTCP, 80, affinity))
+	tr.OnEndpointSliceAdd(slice("web", "web-1", v1.ProtocolTCP, 8080, "", "10.0.0.1", "10.0.0.2"))
+	tr.OnSynced()
+	flow := conntrack.MakeTuple(conntrack.TCP, netip.MustParseAddrPort("192.0.2.1:5000"), netip.MustParseAddrPort("10.96.0.1:80"))
+	port, first, _, _ := p.route(service.TCP, flow)
+	if port == nil {
+		t.Fatal("no route")
+	}
+	if _, again, by, _ := p.route(service.TCP, flow); again != first || !by {
+		t.Fatalf("second pick %d (affinity %v), want %d by affinity", again, by, first)
+	}
+	// Another service changes: web's picker, and its lists, survive.
+	tr.OnServiceAdd(svc("other", "10.96.0.2", v1.ProtocolTCP, 80))
+	if _, again, by, _ := p.route(service.TCP, flow); again != first || !by {
+		t.Fatal("affinity lost when another service changed")
+	}
+	// The client's endpoint leaves and comes back: its list is gone.
+	keys := port.EndpointKeys
+	kept := netip.MustParseAddrPort(keys[1-first]).Addr().String()
+	tr.OnEndpointSliceUpdate(nil, slice("web", "web-1", v1.ProtocolTCP, 8080, "", kept))
+	tr.OnEndpointSliceUpdate(nil, slice("web", "web-1", v1.ProtocolTCP, 8080, "", "10.0.0.1", "10.0.0.2"))
+	pk := (*p.pickers.Load())[keyOf(port)]
+	if got := pk.Affinity().Clients(keys[first]); len(got) != 0 {
+		t.Fatalf("list of the endpoint that left still holds %v", got)
+	}
+}

@@ -1,0 +1,148 @@
+package proxy
+
+// A TCP flow, from the forwarder request to the end of the splice:
+//
+//  1. route: look up the service port, pick the endpoint.
+//  2. dial the endpoint from the host, bounded by DialTimeout; a refused or
+//     timed-out dial refuses the client with a RST, as the pod would.
+//  3. accept: complete the client's handshake only now.
+//  4. bind the conntrack entry to the endpoint, register the flow.
+//  5. splice: one copier per direction; EOF half-closes the other side;
+//     a reset on one side resets the other; both done -> both closed.
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/netstack"
+	"github.com/userproxy/userproxy/service"
+)
+
+// HandleTCP proxies one TCP flow (implements netstack.FlowHandler).
+func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
+	tuple := r.Tuple()
+	port, i, _, v := p.route(service.TCP, tuple) // 1
+	if port == nil {
+		if v.Drop() {
+			r.Ignore()
+		} else {
+			r.Refuse()
+		}
+		return
+	}
+	endpoint := port.Endpoints[i].Addr
+
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.DialTimeout) // 2
+	start := time.Now()
+	backend, err := p.cfg.Dialer.DialContext(ctx, "tcp", endpoint.String())
+	cancel()
+	p.stats.observeDial(time.Since(start))
+	if err != nil {
+		p.stats.count(conntrack.TCP, ResultDialFailed)
+		r.Refuse()
+		if ce := p.logger.Check(zap.DebugLevel, "endpoint dial failed"); ce != nil {
+			ce.Write(zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint), zap.Error(err))
+		}
+		return
+	}
+
+	client, err := r.Accept() // 3
+	if err != nil {
+		_ = backend.Close()
+		return
+	}
+	p.stats.count(conntrack.TCP, ResultProxied)
+
+	p.ct.Bind(tuple, endpoint, port.Name.String()) // 4
+	s := &splice{client: client, backend: backend, proxy: p}
+	f := &flow{close: s.abort}
+	p.register(tuple, f)
+	defer p.unregister(tuple, f)
+
+	s.run() // 5
+}
+
+// halfCloser is a connection that can close its write side alone.
+type halfCloser interface {
+	CloseWrite() error
+}
+
+// bufPool holds the copy buffers of splices.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+type splice struct {
+	client  *netstack.TCPConn
+	backend net.Conn
+	proxy   *Proxy
+	once    sync.Once
+}
+
+// run copies both ways until both directions are done.
+func (s *splice) run() {
+	errc := make(chan error, 2)
+	go s.copyClientToEndpoint(errc)
+	go s.copyEndpointToClient(errc)
+	for range 2 {
+		<-errc
+	}
+	_ = s.client.Close()
+	_ = s.backend.Close()
+}
+
+func (s *splice) copyClientToEndpoint(errc chan<- error) { // copier: client -> endpoint
+	errc <- s.copy(s.backend, s.client, 0)
+}
+
+func (s *splice) copyEndpointToClient(errc chan<- error) { // copier: endpoint -> client
+	errc <- s.copy(s.client, s.backend, 1)
+}
+
+// copy moves bytes from src to dst. At src's EOF it half-closes dst; on a
+// reset or any other error it aborts both sides, so a reset reaches the other
+// peer as a reset.
+func (s *splice) copy(dst, src net.Conn, dir int) error {
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	for {
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				s.abort()
+				return werr
+			}
+			s.proxy.stats.bytes[dir].Add(uint64(n))
+		}
+		if rerr == nil {
+			continue
+		}
+		if errors.Is(rerr, io.EOF) {
+			if hc, ok := dst.(halfCloser); ok {
+				_ = hc.CloseWrite()
+			} else {
+				_ = dst.Close()
+			}
+			return nil
+		}
+		s.abort()
+		return rerr
+	}
+}
+
+// abort closes both sides with a RST.
+func (s *splice) abort() {
+	s.once.Do(func() {
+		_ = s.client.Abort()
+		if tc, ok := s.backend.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		_ = s.backend.Close()
+	})
+}

@@ -1,0 +1,115 @@
+package proxy
+
+// A UDP flow:
+//
+//  1. route: look up the service port, pick the endpoint; over the session
+//     bound, refuse (the conntrack entry goes, so a later datagram retries).
+//  2. a host UDP socket connected to the endpoint (no handshake: never
+//     blocks).
+//  3. bind the conntrack entry, register the flow; its removal from the
+//     table (30 s unreplied, 120 s stream, endpoint removed, flush) closes
+//     both sockets.
+//  4. relay: one pump per direction; replies leave from the service
+//     address, because the stack's socket is connected from it.
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/netstack"
+	"github.com/userproxy/userproxy/service"
+)
+
+// maxDatagram is the largest UDP payload relayed.
+const maxDatagram = 65535
+
+// HandleUDP relays one UDP flow (implements netstack.FlowHandler).
+func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
+	defer r.Conn.Close()
+	tuple := r.Tuple()
+	exact := conntrack.Filter{Protocol: conntrack.UDP, Src: tuple.SrcAddr(), SrcPort: tuple.SrcPort(), Dst: tuple.DstAddr(), DstPort: tuple.DstPort()}
+	port, i, _, _ := p.route(service.UDP, tuple) // 1
+	if port == nil {
+		p.ct.Delete(exact)
+		return
+	}
+	if p.udpSessions.Add(1) > int64(p.cfg.MaxUDPSessions) {
+		p.udpSessions.Add(-1)
+		p.stats.count(conntrack.UDP, ResultTableFull)
+		p.ct.Delete(exact)
+		return
+	}
+	defer p.udpSessions.Add(-1)
+	endpoint := port.Endpoints[i].Addr
+
+	backend, err := p.cfg.Dialer.DialContext(r.Context(), "udp", endpoint.String()) // 2
+	if err != nil {
+		p.stats.count(conntrack.UDP, ResultDialFailed)
+		p.ct.Delete(exact)
+		return
+	}
+	defer backend.Close()
+	p.stats.count(conntrack.UDP, ResultProxied)
+
+	p.ct.Bind(tuple, endpoint, port.Name.String()) // 3
+	var once sync.Once
+	var removed atomic.Bool
+	closeBoth := func() {
+		once.Do(func() {
+			_ = r.Conn.Close()
+			_ = backend.Close()
+		})
+	}
+	f := &flow{close: func() { removed.Store(true); closeBoth() }}
+	p.register(tuple, f)
+
+	done := make(chan struct{}, 2) // 4
+	go p.pumpClientToEndpoint(r.Conn, backend, done)
+	go p.pumpEndpointToClient(backend, r.Conn, done)
+	<-done
+	closeBoth()
+	<-done
+	p.unregister(tuple, f)
+	if !removed.Load() {
+		// The relay ended on its own (the stack closed, a socket failed):
+		// forget the flow so that a later datagram is admitted afresh.
+		p.ct.Delete(exact)
+	}
+}
+
+func (p *Proxy) pumpClientToEndpoint(client, backend net.Conn, done chan<- struct{}) { // pump: client -> endpoint
+	p.pump(backend, client, 0)
+	done <- struct{}{}
+}
+
+func (p *Proxy) pumpEndpointToClient(backend, client net.Conn, done chan<- struct{}) { // pump: endpoint -> client
+	p.pump(client, backend, 1)
+	done <- struct{}{}
+}
+
+// pump relays datagrams from src to dst until either fails. An ICMP error
+// from the endpoint (ECONNREFUSED on the connected socket) does not end it.
+func (p *Proxy) pump(dst, src net.Conn, dir int) {
+	bp := udpPool.Get().(*[]byte)
+	defer udpPool.Put(bp)
+	buf := *bp
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				continue
+			}
+			return
+		}
+		if _, err := dst.Write(buf[:n]); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+			return
+		}
+		p.stats.bytes[dir].Add(uint64(n))
+	}
+}
+
+var udpPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}

@@ -1,0 +1,327 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/userproxy/userproxy/service"
+)
+
+// The life of a Source (Run):
+//
+//  1. two shared informers, Services and EndpointSlices, resync off, both
+//     filtered by Selector as kube-proxy filters its informer factory
+//     (cmd/kube-proxy/app/server.go); their list and watch calls go
+//     through observe, which tracks whether the API server answers;
+//  2. informer events go to the handler (pkg/proxy/config/config.go);
+//  3. once both handler registrations have synced, OnSynced, once;
+//  4. while the API server is unreachable the informers retry with
+//     back-off, the handler hears nothing and the last table keeps
+//     serving; the outage is logged when it starts and when it ends, not
+//     per retry;
+//  5. when ctx ends the informers stop and Run returns after they have.
+
+// Selector is the label selector of both informers: objects that ask for
+// another service proxy (service.kubernetes.io/service-proxy-name) and the
+// EndpointSlices of headless services (service.kubernetes.io/headless) are
+// not watched — kube-proxy's noProxyName and noHeadlessEndpoints.
+const Selector = "!service.kubernetes.io/service-proxy-name,!" + v1.IsHeadlessService
+
+// Source delivers the Services and EndpointSlices of a cluster to a
+// service.Handler. The handler is called from the informers' goroutines,
+// Services and EndpointSlices concurrently; objects are shared with the
+// informer caches and must not be modified.
+type Source struct {
+	client kubernetes.Interface
+	h      service.Handler
+	log    *zap.Logger
+	now    func() time.Time
+
+	synced atomic.Bool
+
+	mu        sync.Mutex
+	connected bool
+	since     time.Time // start of the current outage
+	lastErr   error     // last error observed (nil when connected)
+	outageErr int       // errors seen during the current outage
+	stats     Stats
+}
+
+// Stats is a snapshot of a Source's connection state.
+type Stats struct {
+	// Synced is true once both caches synced and OnSynced was called.
+	Synced bool
+	// Connected is false from a failed list or watch until one succeeds.
+	Connected bool
+	// DisconnectedSince is the start of the current outage (zero when
+	// connected).
+	DisconnectedSince time.Time
+	// Outages counts the times the API server became unreachable.
+	Outages uint64
+	// Errors counts failed list and watch calls, every retry included.
+	Errors uint64
+	// LastError is the last error observed, kept after recovery.
+	LastError     string
+	LastErrorTime time.Time
+}
+
+// Option configures a Source.
+type Option func(*Source)
+
+// WithNow sets the time source of Stats and outage durations (default
+// time.Now).
+func WithNow(now func() time.Time) Option { return func(s *Source) { s.now = now } }
+
+// New returns a Source reading from client (a real or a fake clientset)
+// into h. A nil logger logs nothing.
+func New(client kubernetes.Interface, h service.Handler, logger *zap.Logger, opts ...Option) *Source {
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	s := &Source{
+		client:    client,
+		h:         h,
+		log:       logger.Named("kube-source"),
+		now:       time.Now,
+		connected: true,
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Synced reports whether OnSynced has been delivered.
+func (s *Source) Synced() bool { return s.synced.Load() }
+
+// LastError returns the error of the current outage, nil while the API
+// server answers; for health checks.
+func (s *Source) LastError() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.connected {
+		return nil
+	}
+	return s.lastErr
+}
+
+// Stats returns a snapshot of the connection state.
+func (s *Source) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Synced = s.synced.Load()
+	st.Connected = s.connected
+	if !s.connected {
+		st.DisconnectedSince = s.since
+	}
+	return st
+}
+
+// Run starts the informers, delivers events until ctx ends, and returns
+// once the informers have stopped. It returns nil when ctx ends, also before
+// the caches synced (then OnSynced is never called). Run may be called once.
+func (s *Source) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(klog.NewContext(ctx, klogToZap(s.log)))
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+
+	svcInf := s.informer(&v1.Service{}, "services",
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return s.client.CoreV1().Services(metav1.NamespaceAll).List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return s.client.CoreV1().Services(metav1.NamespaceAll).Watch(ctx, o)
+		})
+	sliceInf := s.informer(&discoveryv1.EndpointSlice{}, "endpointslices",
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return s.client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return s.client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).Watch(ctx, o)
+		})
+
+	svcReg, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if svc, ok := obj.(*v1.Service); ok {
+				s.h.OnServiceAdd(svc)
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*v1.Service)
+			n, ok2 := newObj.(*v1.Service)
+			if ok1 && ok2 {
+				s.h.OnServiceUpdate(o, n)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if svc, ok := tombstone(obj).(*v1.Service); ok {
+				s.h.OnServiceDelete(svc)
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("service informer: %w", err)
+	}
+	sliceReg, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if es, ok := obj.(*discoveryv1.EndpointSlice); ok {
+				s.h.OnEndpointSliceAdd(es)
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*discoveryv1.EndpointSlice)
+			n, ok2 := newObj.(*discoveryv1.EndpointSlice)
+			if ok1 && ok2 {
+				s.h.OnEndpointSliceUpdate(o, n)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if es, ok := tombstone(obj).(*discoveryv1.EndpointSlice); ok {
+				s.h.OnEndpointSliceDelete(es)
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("endpointslice informer: %w", err)
+	}
+
+	wg.Go(func() { svcInf.RunWithContext(ctx) })
+	wg.Go(func() { sliceInf.RunWithContext(ctx) })
+
+	s.log.Info("waiting for the Service and EndpointSlice caches to sync", zap.String("selector", Selector))
+	if !cache.WaitForCacheSync(ctx.Done(), svcReg.HasSynced, sliceReg.HasSynced) {
+		return nil // ctx ended first
+	}
+	s.synced.Store(true)
+	s.h.OnSynced()
+	s.log.Info("Service and EndpointSlice caches synced")
+	<-ctx.Done()
+	return nil
+}
+
+// informer builds a shared informer whose list and watch calls carry
+// Selector and report to observe.
+func (s *Source) informer(example runtime.Object, resource string,
+	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
+) cache.SharedIndexInformer {
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = Selector
+			obj, err := list(ctx, o)
+			s.observe(ctx, resource, "list", err)
+			return obj, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = Selector
+			w, err := watchFn(ctx, o)
+			s.observe(ctx, resource, "watch", err)
+			return w, err
+		},
+	}
+	inf := cache.NewSharedIndexInformerWithOptions(
+		cache.ToListWatcherWithWatchListSemantics(lw, s.client),
+		example,
+		cache.SharedIndexInformerOptions{ResyncPeriod: 0},
+	)
+	// Replaces client-go's default handler, which logs every failure.
+	_ = inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
+		s.watchError(ctx, resource, err)
+	})
+	return inf
+}
+
+// tombstone unwraps the object of a delete event whose final state the
+// informer missed.
+func tombstone(obj any) any {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return t.Obj
+	}
+	return obj
+}
+
+// observe records the outcome of a list or watch call.
+func (s *Source) observe(ctx context.Context, resource, op string, err error) {
+	if err == nil {
+		s.reachable()
+		return
+	}
+	if ctx.Err() != nil {
+		return // stopping
+	}
+	s.unreachable(resource, op, err)
+}
+
+// watchError is the informers' watch error handler: it sees what ended a
+// ListAndWatch cycle. Expired resource versions and closed streams are
+// routine; an error observe already counted is not counted twice.
+func (s *Source) watchError(ctx context.Context, resource string, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	switch {
+	case apierrors.IsResourceExpired(err) || apierrors.IsGone(err) || errors.Is(err, io.EOF):
+		s.log.Debug("watch closed", zap.String("resource", resource), zap.Error(err))
+		return
+	}
+	s.mu.Lock()
+	seen := s.lastErr != nil && errors.Is(err, s.lastErr)
+	s.mu.Unlock()
+	if seen {
+		return
+	}
+	s.unreachable(resource, "watch", err)
+}
+
+func (s *Source) unreachable(resource, op string, err error) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.Errors++
+	s.stats.LastError = err.Error()
+	s.stats.LastErrorTime = now
+	s.lastErr = err
+	s.outageErr++
+	if !s.connected {
+		s.log.Debug("API server still unreachable", zap.String("resource", resource), zap.String("call", op), zap.Error(err))
+		return
+	}
+	s.connected = false
+	s.since = now
+	s.outageErr = 1
+	s.stats.Outages++
+	s.log.Warn("Kubernetes API server unreachable; serving the last known services until it answers again",
+		zap.String("resource", resource), zap.String("call", op), zap.Error(err))
+}
+
+func (s *Source) reachable() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.connected {
+		return
+	}
+	s.connected = true
+	s.log.Info("Kubernetes API server reachable again",
+		zap.Duration("outage", s.now().Sub(s.since)), zap.Int("failedCalls", s.outageErr))
+	s.lastErr = nil
+}

@@ -8,36 +8,42 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
-// The datapath benchmarks: the same client work over three paths, side by
+// The datapath benchmarks: the same client work over four paths, side by
 // side in one run:
-//   - direct: the client dials the endpoint on loopback itself (the kernel's
-//     own cost, no proxy at all);
+//   - direct: the client dials the endpoint on loopback itself (no service
+//     address, no NAT: the floor);
+//   - kernel: a client in a namespace dials the service address and the
+//     kernel's iptables DNAT (kube-proxy's rule for one endpoint) sends it to
+//     the endpoint on loopback (root; kernelPath in bench_kernel_linux_test.go);
 //   - inprocess: the stack's in-process client through the gate and proxy;
 //   - tun: a client in a namespace, through a real TUN device (root).
-// See BENCHMARKS.md for figures and the kernel iptables path.
+// See BENCHMARKS.md for the figures.
 
 type benchPath struct {
 	name string
-	// dialer returns how the client reaches addr: the service address for
-	// the proxied paths, the endpoint for direct.
-	setup func(b *testing.B, endpoint net.Addr) (dial func() (net.Conn, error))
+	// setup starts an endpoint serving each connection with serve and
+	// returns how a client connects to it through the path.
+	setup func(b *testing.B, serve func(net.Conn)) (dial func() (net.Conn, error))
 }
 
 var benchPaths = []benchPath{
-	{"direct", func(b *testing.B, ep net.Addr) func() (net.Conn, error) {
-		return func() (net.Conn, error) { return net.Dial("tcp", ep.String()) }
+	{"direct", func(b *testing.B, serve func(net.Conn)) func() (net.Conn, error) {
+		ep := startTCPBackend(b, "127.0.0.1", serve).addr.String()
+		return func() (net.Conn, error) { return net.Dial("tcp", ep) }
 	}},
-	{"inprocess", func(b *testing.B, ep net.Addr) func() (net.Conn, error) {
-		return proxiedDial(b, inProcess{}, ep)
+	{"kernel", kernelPath},
+	{"inprocess", func(b *testing.B, serve func(net.Conn)) func() (net.Conn, error) {
+		return proxiedDial(b, inProcess{}, serve)
 	}},
-	{"tun", func(b *testing.B, ep net.Addr) func() (net.Conn, error) {
-		return proxiedDial(b, tunEnv{}, ep)
+	{"tun", func(b *testing.B, serve func(net.Conn)) func() (net.Conn, error) {
+		return proxiedDial(b, tunEnv{}, serve)
 	}},
 }
 
-func proxiedDial(b *testing.B, e env, ep net.Addr) func() (net.Conn, error) {
+func proxiedDial(b *testing.B, e env, serve func(net.Conn)) func() (net.Conn, error) {
 	h, cl := e.start(b, 1)
-	h.addService("bench", "10.96.0.100", v1.ProtocolTCP, 80, false, ep.(*net.TCPAddr).AddrPort())
+	be := startTCPBackend(b, "127.0.0.1", serve)
+	h.addService("bench", "10.96.0.100", v1.ProtocolTCP, 80, false, be.addr)
 	return func() (net.Conn, error) { return cl.dial("tcp", "10.96.0.100:80") }
 }
 
@@ -46,8 +52,7 @@ func proxiedDial(b *testing.B, e env, ep net.Addr) func() (net.Conn, error) {
 func BenchmarkTCPBulk(b *testing.B) {
 	for _, p := range benchPaths {
 		b.Run(p.name, func(b *testing.B) {
-			be := startTCPBackend(b, "127.0.0.1", func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
-			dial := p.setup(b, be.ln.Addr())
+			dial := p.setup(b, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
 			c, err := dial()
 			if err != nil {
 				b.Fatal(err)
@@ -72,13 +77,12 @@ func BenchmarkTCPBulk(b *testing.B) {
 func BenchmarkTCPConnect(b *testing.B) {
 	for _, p := range benchPaths {
 		b.Run(p.name, func(b *testing.B) {
-			be := startTCPBackend(b, "127.0.0.1", func(c net.Conn) {
+			dial := p.setup(b, func(c net.Conn) {
 				buf := make([]byte, 64)
 				if _, err := io.ReadFull(c, buf); err == nil {
 					_, _ = c.Write(buf)
 				}
 			})
-			dial := p.setup(b, be.ln.Addr())
 			b.SetParallelism(32) // with GOMAXPROCS 2: 64 clients
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {

@@ -150,6 +150,14 @@ func (tunEnv) start(t testing.TB, seed uint64) (*rig, client) {
 	}
 	r := newRig(t, link, seed)
 	c := &nsClient{ns: ns, work: make(chan func())}
+	startWorkers(t, c)
+	return r, c
+}
+
+// startWorkers starts the client's namespace threads, stopped when the test
+// ends.
+func startWorkers(t testing.TB, c *nsClient) {
+	t.Helper()
 	ready := make(chan error, 8)
 	for range 8 {
 		c.wg.Add(1)
@@ -161,7 +169,6 @@ func (tunEnv) start(t testing.TB, seed uint64) (*rig, client) {
 			t.Fatalf("namespace worker: %v", err)
 		}
 	}
-	return r, c
 }
 
 func prefixNet(p netip.Prefix) *net.IPNet {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -63,11 +64,11 @@ func newRig(t testing.TB, link *netstack.Link, seed uint64) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.px, err = proxy.New(proxy.Config{Conntrack: h.ct, Rand: balancer.NewSeededSource(seed), Logger: zaptest.NewLogger(t), DialTimeout: 2 * time.Second})
+	h.px, err = proxy.New(proxy.Config{Conntrack: h.ct, Rand: balancer.NewSeededSource(seed), Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), DialTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.st, err = netstack.New(netstack.Options{Link: link, Conntrack: h.ct, Admit: h.px.Admit, Logger: zaptest.NewLogger(t)})
+	h.st, err = netstack.New(netstack.Options{Link: link, Conntrack: h.ct, Admit: h.px.Admit, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,6 +144,11 @@ func startTCPBackend(t testing.TB, host string, serve func(net.Conn)) *tcpBacken
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveTCP(t, ln, serve)
+}
+
+// serveTCP serves each connection of ln with serve until the test ends.
+func serveTCP(t testing.TB, ln net.Listener, serve func(net.Conn)) *tcpBackend {
 	b := &tcpBackend{ln: ln, addr: ln.Addr().(*net.TCPAddr).AddrPort()}
 	b.wg.Add(1)
 	go func() {

@@ -2,7 +2,10 @@
 
 package integration
 
-import "testing"
+import (
+	"net"
+	"testing"
+)
 
 // tunEnv needs Linux network namespaces; elsewhere it skips.
 type tunEnv struct{}
@@ -10,4 +13,9 @@ type tunEnv struct{}
 func (tunEnv) start(t testing.TB, seed uint64) (*rig, client) {
 	t.Skip("TUN scenarios need Linux")
 	return nil, nil
+}
+
+func kernelPath(b *testing.B, serve func(net.Conn)) func() (net.Conn, error) {
+	b.Skip("the kernel path needs Linux network namespaces")
+	return nil
 }

@@ -31,8 +31,12 @@ func kernelPath(b *testing.B, serve func(net.Conn)) func() (net.Conn, error) {
 		if err := netlink.LinkSetUp(lo); err != nil {
 			return err
 		}
-		// A route for the service CIDR, so that the connection gets as
-		// far as the nat OUTPUT hook.
+		// A client address (else the kernel picks 0.0.0.0 as the source
+		// and the replies go nowhere), and a route for the service CIDR so
+		// that the connection gets as far as the nat OUTPUT hook.
+		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: prefixNet(tunClient4)}); err != nil {
+			return err
+		}
 		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: lo.Attrs().Index, Dst: prefixNet(netip.MustParsePrefix("10.96.0.0/12"))}); err != nil {
 			return err
 		}
@@ -52,4 +56,3 @@ func kernelPath(b *testing.B, serve func(net.Conn)) func() (net.Conn, error) {
 	startWorkers(b, c)
 	return func() (net.Conn, error) { return c.dial("tcp", "10.96.0.100:80") }
 }
-

@@ -11,4 +11,8 @@ type TUNOptions struct {
 	// Queues is the number of queues to open (Linux multi-queue TUN); each
 	// gets its own dispatcher goroutine. 0 means 1.
 	Queues int
+	// Persistent keeps (or makes) the device persistent: it outlives the
+	// process (Linux). Opening a persistent device made by `userproxy
+	// setup` must set it, or the device would vanish when the proxy exits.
+	Persistent bool
 }

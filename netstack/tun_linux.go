@@ -34,6 +34,7 @@ func OpenTUN(opts TUNOptions) (*Link, error) {
 		cfg := water.Config{DeviceType: water.TUN}
 		cfg.Name = opts.Name
 		cfg.MultiQueue = opts.Queues > 1
+		cfg.Persist = opts.Persistent
 		ifce, err := water.New(cfg)
 		if err != nil {
 			_ = closeAll()

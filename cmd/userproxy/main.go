@@ -17,13 +17,20 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
+// defaultAdminAddr is where run serves /metrics and /debug, and where the
+// conntrack and rules commands find a running proxy.
+const defaultAdminAddr = "127.0.0.1:10249"
+
 const usage = `userproxy: a userspace Kubernetes Service proxy (kube-proxy iptables semantics on a TUN).
 
 Usage:
-  userproxy demo [flags]    run the endpoint lottery and ClientIP affinity on simulated connections
-  userproxy version         print the version
+  userproxy run [flags]               proxy ClusterIPs: --config FILE|DIR, or --kubeconfig, or in-cluster
+  userproxy setup --user NAME         (root, once) a persistent TUN device so that run needs no privileges
+  userproxy conntrack list|flush      the connection tracking table of a running proxy
+  userproxy rules [--config FILE]     the iptables-save lines kube-proxy would write for the same objects
+  userproxy demo [flags]              the endpoint lottery and ClientIP affinity on simulated connections
+  userproxy version                   print the version
 
-The datapath (userproxy run) is not built yet; see README.md.
 Run "userproxy <command> -h" for a command's flags.
 `
 
@@ -47,6 +54,14 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return flag.ErrHelp
 	}
 	switch args[0] {
+	case "run":
+		return runRun(ctx, args[1:], stdout, stderr)
+	case "setup":
+		return runSetup(ctx, args[1:], stdout, stderr)
+	case "conntrack":
+		return runConntrack(ctx, args[1:], stdout, stderr)
+	case "rules":
+		return runRules(ctx, args[1:], stdout, stderr)
 	case "demo":
 		return runDemo(ctx, args[1:], stdout, stderr)
 	case "version":

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -56,10 +57,49 @@ func TestBadArgumentsAreRefused(t *testing.T) {
 		{"demo", "--log-format", "xml"},
 		{"nosuchcommand"},
 		{},
+		{"run", "--config", "a.yaml", "--kubeconfig", "k"},
+		{"run", "--config", "a.yaml", "--mtu", "100"},
+		{"run", "--config", "a.yaml", "--service-cidr", "10.96.0.1/12"},
+		{"run", "--config", "a.yaml", "--service-cidr", "nonsense"},
+		{"run", "--config", "a.yaml", "--tun-name", "a-name-longer-than-15"},
+		{"run", "--config", "a.yaml", "--dial-timeout", "0s"},
+		{"run", "--config", "a.yaml", "extra"},
+		{"setup"},
+		{"conntrack"},
+		{"conntrack", "purge"},
+		{"rules", "--format", "xml", "--config", "a.yaml"},
 	} {
 		var out, errOut bytes.Buffer
 		if err := runMain(context.Background(), args, &out, &errOut); err == nil {
 			t.Errorf("%v: accepted", args)
+		}
+	}
+}
+
+// A bad config at start is refused with the file and the problem named,
+// before any device is touched.
+func TestRunRefusesBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	path := dir + "/bad.yaml"
+	if err := os.WriteFile(path, []byte("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {bogusField: 1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	err := runMain(context.Background(), []string{"run", "--config", path, "--admin-addr", ""}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "bad.yaml") || !strings.Contains(err.Error(), "bogusField") {
+		t.Fatalf("run with a bad config: %v", err)
+	}
+}
+
+// rules --config prints kube-proxy's chains offline.
+func TestRulesOffline(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if err := runMain(context.Background(), []string{"rules", "--config", "../../examples/quickstart.yaml", "--node-name", "n"}, &out, &errOut); err != nil {
+		t.Fatalf("rules: %v\n%s", err, errOut.String())
+	}
+	for _, want := range []string{"*nat", "-j KUBE-SVC-", "--probability 0.33333333349", "--to-destination 127.0.0.3:8080", "COMMIT"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("rules output lacks %q", want)
 		}
 	}
 }

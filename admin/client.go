@@ -1,0 +1,103 @@
+package admin
+
+// Client helpers for the CLI (`userproxy conntrack list|flush`, `userproxy
+// rules`), which talk to a running proxy's admin server.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/userproxy/userproxy/service"
+)
+
+// maxResponse bounds what the helpers read from the server.
+const maxResponse = 256 << 20
+
+// httpClient talks to the admin server: no proxy from the environment (the
+// server is local) and no idle connections left behind.
+var httpClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+
+// FetchConntrack returns the entries of the proxy at adminAddr that q
+// selects, one `conntrack -L` line each, sorted. adminAddr is "host:port"
+// or a base URL such as "http://host:port"; "" means DefaultAddr.
+func FetchConntrack(ctx context.Context, adminAddr string, q ConntrackQuery) (string, error) {
+	return call(ctx, http.MethodGet, adminAddr, "/debug/conntrack", queryOf(q))
+}
+
+// FlushConntrack deletes the entries of the proxy at adminAddr that q
+// selects (the zero query deletes them all, like `conntrack -F`) and
+// returns how many it deleted.
+func FlushConntrack(ctx context.Context, adminAddr string, q ConntrackQuery) (int, error) {
+	body, err := call(ctx, http.MethodPost, adminAddr, "/debug/conntrack/flush", queryOf(q))
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(body))
+	if err != nil {
+		return 0, fmt.Errorf("admin server at %s: unexpected flush answer %q", adminAddr, body)
+	}
+	return n, nil
+}
+
+// FetchRules returns the rules of the proxy at adminAddr, as WriteRules
+// prints them with the server's options and this format and family (zero:
+// both families).
+func FetchRules(ctx context.Context, adminAddr string, format Format, family service.Family) (string, error) {
+	v := url.Values{"format": {format.String()}}
+	if family != 0 {
+		v.Set("family", strconv.Itoa(int(family)))
+	}
+	return call(ctx, http.MethodGet, adminAddr, "/debug/rules", v)
+}
+
+func queryOf(q ConntrackQuery) url.Values {
+	v := url.Values{}
+	for k, val := range q.values() {
+		if val != "" {
+			v.Set(k, val)
+		}
+	}
+	return v
+}
+
+// baseURL turns an admin address into a URL without a trailing slash.
+func baseURL(adminAddr string) string {
+	if adminAddr == "" {
+		adminAddr = DefaultAddr
+	}
+	if strings.Contains(adminAddr, "://") {
+		return strings.TrimSuffix(adminAddr, "/")
+	}
+	return "http://" + adminAddr
+}
+
+// call makes one request and returns the body of a 200 answer; any other
+// status is an error carrying the server's text.
+func call(ctx context.Context, method, adminAddr, path string, q url.Values) (string, error) {
+	u := baseURL(adminAddr) + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, nil)
+	if err != nil {
+		return "", fmt.Errorf("admin: %w", err)
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("admin server at %s: %w", baseURL(adminAddr), err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
+	if err != nil {
+		return "", fmt.Errorf("admin server at %s: reading %s: %w", baseURL(adminAddr), path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("admin server at %s: %s %s: %s: %s", baseURL(adminAddr), method, path, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return string(body), nil
+}

@@ -1,0 +1,313 @@
+package admin
+
+// Metrics: a Prometheus collector that reads the Stats snapshots of the
+// datapath's parts at scrape time.
+//
+//  1. Sources names the parts; a nil source contributes no metric.
+//  2. Describe sends the descriptors of the present sources; Collect takes
+//     one snapshot per source and turns it into constant metrics, so a
+//     scrape costs one Stats call per part and nothing is counted twice.
+//  3. Names are kube-proxy's (pkg/proxy/metrics/metrics.go) where the
+//     meaning is the same, in the namespace "userproxy".
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/service"
+)
+
+// namespace prefixes every metric name.
+const namespace = "userproxy"
+
+// GateStats is the part of the stack's counters the metrics read: the gate's
+// verdicts on packets and new flows. Its fields are netstack.Stats' field for
+// field, so the caller converts with admin.GateStats(stack.Stats()) (admin
+// may not import netstack; a change there breaks that conversion at compile
+// time rather than silently).
+type GateStats struct {
+	PacketsIn, PacketsOut       uint64
+	InvalidIn, InvalidOut       uint64
+	Rejected, RejectRateLimited uint64
+	Dropped                     uint64
+	TableFull                   uint64
+	Accepted                    uint64
+	Oversized                   uint64
+	TCPInFlight                 int
+	InFlightLimited             uint64
+	HandlerPanics               uint64
+}
+
+// Sources are where the metrics come from. Every field may be nil: its
+// metrics are then neither described nor collected. Each is called once
+// per scrape, from the scraping goroutine, so it must be safe to call
+// concurrently with the datapath (the Stats methods of conntrack.Table,
+// proxy.Proxy, service.Tracker and netstack.Stack are).
+type Sources struct {
+	// Conntrack feeds ct_state_invalid_dropped_packets_total and the
+	// conntrack_* metrics (*conntrack.Table).
+	Conntrack interface{ Stats() conntrack.Stats }
+	// Proxy feeds flows_total, dial_duration_seconds, spliced_bytes_total,
+	// affinity_hits_total, flows_active, udp_sessions (*proxy.Proxy).
+	Proxy interface{ Stats() proxy.Stats }
+	// Tracker feeds the sync_proxy_rules_* metrics,
+	// network_programming_duration_seconds and the service gauges
+	// (*service.Tracker).
+	Tracker interface{ Stats() service.Stats }
+	// Gate feeds the gate_* metrics:
+	// func() admin.GateStats { return admin.GateStats(stack.Stats()) }.
+	Gate func() GateStats
+	// ReloadErrors feeds config_reload_errors_total: the failed reads of
+	// the configuration source (file.Source's Stats().Errors).
+	ReloadErrors func() uint64
+}
+
+// RegisterMetrics registers the collector of src on reg.
+func RegisterMetrics(reg prometheus.Registerer, src Sources) error {
+	return reg.Register(NewCollector(src))
+}
+
+// NewCollector returns a prometheus.Collector over src (see Sources).
+// Describe lists every descriptor Collect uses (a checked collector), and
+// Collect is safe for concurrent use.
+func NewCollector(src Sources) prometheus.Collector {
+	c := &collector{}
+	if src.Tracker != nil {
+		c.groups = append(c.groups, trackerGroup(src.Tracker.Stats))
+	}
+	if src.Conntrack != nil {
+		c.groups = append(c.groups, conntrackGroup(src.Conntrack.Stats))
+	}
+	if src.Proxy != nil {
+		c.groups = append(c.groups, proxyGroup(src.Proxy.Stats))
+	}
+	if src.Gate != nil {
+		c.groups = append(c.groups, gateGroup(src.Gate))
+	}
+	if src.ReloadErrors != nil {
+		c.groups = append(c.groups, &group[uint64]{snapshot: src.ReloadErrors, defs: []def[uint64]{
+			counter("config_reload_errors_total", "Failed reads of the configuration source; the last good state is kept.",
+				func(n *uint64) uint64 { return *n }),
+		}})
+	}
+	return c
+}
+
+type collector struct{ groups []metricGroup }
+
+var _ prometheus.Collector = (*collector)(nil)
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, g := range c.groups {
+		g.describe(ch)
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	for _, g := range c.groups {
+		g.collect(ch)
+	}
+}
+
+// metricGroup is the metrics of one source.
+type metricGroup interface {
+	describe(ch chan<- *prometheus.Desc)
+	collect(ch chan<- prometheus.Metric)
+}
+
+// group turns one snapshot of type S into metrics.
+type group[S any] struct {
+	snapshot func() S
+	defs     []def[S]
+}
+
+func (g *group[S]) describe(ch chan<- *prometheus.Desc) {
+	for _, d := range g.defs {
+		ch <- d.desc
+	}
+}
+
+func (g *group[S]) collect(ch chan<- prometheus.Metric) {
+	s := g.snapshot()
+	for _, d := range g.defs {
+		d.emit(ch, d.desc, &s)
+	}
+}
+
+// def is one metric family read from a snapshot of type S.
+type def[S any] struct {
+	desc *prometheus.Desc
+	emit func(ch chan<- prometheus.Metric, d *prometheus.Desc, s *S)
+}
+
+func newDesc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, labels, nil)
+}
+
+func counter[S any](name, help string, v func(*S) uint64) def[S] {
+	return def[S]{newDesc(name, help), func(ch chan<- prometheus.Metric, d *prometheus.Desc, s *S) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v(s)))
+	}}
+}
+
+func gauge[S any](name, help string, v func(*S) float64) def[S] {
+	return def[S]{newDesc(name, help), func(ch chan<- prometheus.Metric, d *prometheus.Desc, s *S) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v(s))
+	}}
+}
+
+// labeled is a metric family with labels: each calls emit once per series.
+func labeled[S any](name, help string, typ prometheus.ValueType, labels []string, each func(s *S, emit func(v float64, labelValues ...string))) def[S] {
+	return def[S]{newDesc(name, help, labels...), func(ch chan<- prometheus.Metric, d *prometheus.Desc, s *S) {
+		each(s, func(v float64, lv ...string) {
+			ch <- prometheus.MustNewConstMetric(d, typ, v, lv...)
+		})
+	}}
+}
+
+// histogram is a metric family read from a cumulative histogram: cum[i]
+// counts the observations <= bounds[i].
+func histogram[S any](name, help string, h func(*S) (bounds []float64, cum []uint64, count uint64, sum float64)) def[S] {
+	return def[S]{newDesc(name, help), func(ch chan<- prometheus.Metric, d *prometheus.Desc, s *S) {
+		bounds, cum, count, sum := h(s)
+		buckets := make(map[float64]uint64, len(bounds))
+		for i := 0; i < len(bounds) && i < len(cum); i++ {
+			buckets[bounds[i]] = cum[i]
+		}
+		m, err := prometheus.NewConstHistogram(d, count, sum, buckets)
+		if err != nil {
+			m = prometheus.NewInvalidMetric(d, err)
+		}
+		ch <- m
+	}}
+}
+
+func serviceHistogram(h service.Histogram) ([]float64, []uint64, uint64, float64) {
+	return h.Bounds, h.Buckets, h.Count, h.Sum
+}
+
+// trackerGroup: kube-proxy's sync metrics. A "sync" is building a new
+// service table.
+func trackerGroup(snap func() service.Stats) metricGroup {
+	return &group[service.Stats]{snapshot: snap, defs: []def[service.Stats]{
+		histogram("sync_proxy_rules_duration_seconds", "Time to build a new service table (kube-proxy: SyncProxyRules latency).",
+			func(s *service.Stats) ([]float64, []uint64, uint64, float64) { return serviceHistogram(s.SyncDuration) }),
+		gauge("sync_proxy_rules_last_timestamp_seconds", "When the last service table went live, in seconds since the epoch; 0 before the first.",
+			func(s *service.Stats) float64 { return unixSeconds(s.LastSyncTime) }),
+		counter("sync_proxy_rules_endpoint_changes_total", "EndpointSlice events received for a service.",
+			func(s *service.Stats) uint64 { return s.EndpointChanges }),
+		counter("sync_proxy_rules_service_changes_total", "Service events received.",
+			func(s *service.Stats) uint64 { return s.ServiceChanges }),
+		labeled("sync_proxy_rules_no_local_endpoints_total", "Service ports with a Local traffic policy and no local endpoint, in the last table.",
+			prometheus.GaugeValue, []string{"traffic_policy"}, func(s *service.Stats, emit func(float64, ...string)) {
+				emit(float64(s.NoLocalEndpoints.Internal), "internal")
+				emit(float64(s.NoLocalEndpoints.External), "external")
+			}),
+		histogram("network_programming_duration_seconds", "Time from a Service or EndpointSlice change to the table that reflects it going live.",
+			func(s *service.Stats) ([]float64, []uint64, uint64, float64) {
+				return serviceHistogram(s.NetworkProgrammingLatency)
+			}),
+		gauge("services", "Services with at least one port in the last table.",
+			func(s *service.Stats) float64 { return float64(s.Services) }),
+		gauge("service_ports", "Service ports (one per IP family) in the last table.",
+			func(s *service.Stats) float64 { return float64(s.Ports) }),
+		gauge("services_skipped", "Services or service ports left out of the last table (headless, ExternalName, SCTP, invalid); /debug/services says why.",
+			func(s *service.Stats) float64 { return float64(s.Skipped) }),
+	}}
+}
+
+func unixSeconds(t time.Time) float64 {
+	if t.IsZero() {
+		return 0
+	}
+	return float64(t.UnixNano()) / 1e9
+}
+
+// conntrackGroup: the connection tracking table.
+func conntrackGroup(snap func() conntrack.Stats) metricGroup {
+	return &group[conntrack.Stats]{snapshot: snap, defs: []def[conntrack.Stats]{
+		counter("ct_state_invalid_dropped_packets_total", "Packets dropped as conntrack INVALID (kube-proxy's KUBE-FORWARD drop rule).",
+			func(s *conntrack.Stats) uint64 { return s.InvalidTotal }),
+		labeled("conntrack_invalid_packets_total", "Packets dropped as conntrack INVALID, by reason.",
+			prometheus.CounterValue, []string{"reason"}, func(s *conntrack.Stats, emit func(float64, ...string)) {
+				for r := conntrack.ReasonNone + 1; r < conntrack.NumReasons; r++ {
+					emit(float64(s.Invalid[r]), r.String())
+				}
+			}),
+		labeled("conntrack_entries", "Entries in the conntrack table.",
+			prometheus.GaugeValue, []string{"protocol"}, func(s *conntrack.Stats, emit func(float64, ...string)) {
+				emit(float64(s.EntriesTCP), "tcp")
+				emit(float64(s.EntriesUDP), "udp")
+			}),
+		gauge("conntrack_max", "The bound on conntrack entries (--conntrack-max).",
+			func(s *conntrack.Stats) float64 { return float64(s.Max) }),
+		counter("conntrack_evictions_total", "Entries that were not ASSURED dropped early to make room for a new flow.",
+			func(s *conntrack.Stats) uint64 { return s.Evicted }),
+	}}
+}
+
+// proxyGroup: new flows and the traffic spliced for them.
+func proxyGroup(snap func() proxy.Stats) metricGroup {
+	return &group[proxy.Stats]{snapshot: snap, defs: []def[proxy.Stats]{
+		labeled("flows_total", "New flows by protocol and outcome.",
+			prometheus.CounterValue, []string{"protocol", "result"}, func(s *proxy.Stats, emit func(float64, ...string)) {
+				for pi, proto := range []string{"tcp", "udp"} {
+					for r := range s.Flows[pi] {
+						emit(float64(s.Flows[pi][r]), proto, proxy.Result(r).String())
+					}
+				}
+			}),
+		histogram("dial_duration_seconds", "Time to dial an endpoint.",
+			func(s *proxy.Stats) ([]float64, []uint64, uint64, float64) {
+				return proxy.DialBuckets, s.DialBuckets[:], s.DialCount, s.DialSum.Seconds()
+			}),
+		labeled("spliced_bytes_total", "Payload bytes copied between clients and endpoints.",
+			prometheus.CounterValue, []string{"direction"}, func(s *proxy.Stats, emit func(float64, ...string)) {
+				emit(float64(s.BytesToEndpoint), "to_endpoint")
+				emit(float64(s.BytesToClient), "to_client")
+			}),
+		counter("affinity_hits_total", "New flows whose endpoint ClientIP session affinity chose.",
+			func(s *proxy.Stats) uint64 { return s.AffinityHits }),
+		gauge("flows_active", "Flows being proxied now.",
+			func(s *proxy.Stats) float64 { return float64(s.LiveFlows) }),
+		gauge("udp_sessions", "UDP flows being relayed now.",
+			func(s *proxy.Stats) float64 { return float64(s.UDPSessions) }),
+	}}
+}
+
+// gateGroup: the packet gate in front of the stack.
+func gateGroup(snap func() GateStats) metricGroup {
+	return &group[GateStats]{snapshot: snap, defs: []def[GateStats]{
+		labeled("gate_packets_total", "Packets read from the TUN (in) and written to it (out).",
+			prometheus.CounterValue, []string{"direction"}, func(s *GateStats, emit func(float64, ...string)) {
+				emit(float64(s.PacketsIn), "in")
+				emit(float64(s.PacketsOut), "out")
+			}),
+		labeled("gate_invalid_packets_total", "Packets the gate dropped as INVALID, by direction.",
+			prometheus.CounterValue, []string{"direction"}, func(s *GateStats, emit func(float64, ...string)) {
+				emit(float64(s.InvalidIn), "in")
+				emit(float64(s.InvalidOut), "out")
+			}),
+		counter("gate_accepted_flows_total", "New flows admitted into the stack.",
+			func(s *GateStats) uint64 { return s.Accepted }),
+		counter("gate_rejected_flows_total", "New flows refused with an ICMP port unreachable (no service, no endpoints).",
+			func(s *GateStats) uint64 { return s.Rejected }),
+		counter("gate_reject_rate_limited_total", "ICMP unreachables not sent because of the rate limit.",
+			func(s *GateStats) uint64 { return s.RejectRateLimited }),
+		counter("gate_dropped_flows_total", "New flows dropped silently (internalTrafficPolicy Local without a local endpoint).",
+			func(s *GateStats) uint64 { return s.Dropped }),
+		counter("gate_table_full_total", "New flows refused because the conntrack table was full.",
+			func(s *GateStats) uint64 { return s.TableFull }),
+		counter("gate_in_flight_limited_total", "TCP SYNs dropped by the limit on handshakes in flight.",
+			func(s *GateStats) uint64 { return s.InFlightLimited }),
+		gauge("gate_tcp_handshakes_in_flight", "TCP handshakes waiting for the proxy to dial the endpoint.",
+			func(s *GateStats) float64 { return float64(s.TCPInFlight) }),
+		counter("gate_oversized_packets_total", "Packets dropped for being larger than 64 KiB.",
+			func(s *GateStats) uint64 { return s.Oversized }),
+		counter("gate_handler_panics_total", "Flow handler panics the stack recovered from.",
+			func(s *GateStats) uint64 { return s.HandlerPanics }),
+	}}
+}

@@ -1,0 +1,214 @@
+package admin_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/userproxy/userproxy/admin"
+	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/netstack"
+	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/service"
+)
+
+// GateStats must stay convertible from netstack.Stats: cmd wires
+// admin.GateStats(stack.Stats()).
+var _ = admin.GateStats(netstack.Stats{})
+
+// Fakes: each returns a fixed snapshot.
+type (
+	fakeConntrack struct{ s conntrack.Stats }
+	fakeProxy     struct{ s proxy.Stats }
+	fakeTracker   struct{ s service.Stats }
+)
+
+func (f fakeConntrack) Stats() conntrack.Stats { return f.s }
+func (f fakeProxy) Stats() proxy.Stats         { return f.s }
+func (f fakeTracker) Stats() service.Stats     { return f.s }
+
+func fakeSources() admin.Sources {
+	var ct conntrack.Stats
+	ct.Invalid[conntrack.ReasonNoEntryNotSYN] = 2
+	ct.Invalid[conntrack.ReasonBadChecksum] = 1
+	ct.InvalidTotal = 3
+	ct.Entries, ct.EntriesTCP, ct.EntriesUDP, ct.Max = 7, 5, 2, 131072
+	ct.Evicted = 4
+
+	var px proxy.Stats
+	px.Flows[0][proxy.ResultProxied] = 10
+	px.Flows[0][proxy.ResultDialFailed] = 1
+	px.Flows[1][proxy.ResultRejectedNoEndpoints] = 2
+	px.AffinityHits = 6
+	px.BytesToEndpoint, px.BytesToClient = 1000, 5000
+	px.DialCount, px.DialSum = 3, 1500*time.Microsecond
+	for i, b := range proxy.DialBuckets {
+		switch {
+		case b >= 0.001:
+			px.DialBuckets[i] = 3
+		case b >= 0.0005:
+			px.DialBuckets[i] = 2
+		}
+	}
+	px.LiveFlows, px.UDPSessions = 4, 1
+
+	tr := service.Stats{
+		Syncs:           2,
+		LastSyncTime:    time.Unix(1735689600, 500e6),
+		ServiceChanges:  8,
+		EndpointChanges: 9,
+		SyncDuration: service.Histogram{
+			Bounds: []float64{0.001, 0.002}, Buckets: []uint64{1, 2}, Count: 2, Sum: 0.0025,
+		},
+		NetworkProgrammingLatency: service.Histogram{
+			Bounds: []float64{0.25, 0.5}, Buckets: []uint64{0, 1}, Count: 1, Sum: 0.3,
+		},
+		NoLocalEndpoints: service.NoLocalEndpointsCount{Internal: 1},
+		Services:         3, Ports: 4, Skipped: 1,
+	}
+	return admin.Sources{
+		Conntrack: fakeConntrack{ct},
+		Proxy:     fakeProxy{px},
+		Tracker:   fakeTracker{tr},
+		Gate: func() admin.GateStats {
+			return admin.GateStats{PacketsIn: 100, PacketsOut: 90, InvalidIn: 3, Rejected: 2, RejectRateLimited: 1,
+				Dropped: 1, TableFull: 5, Accepted: 11, TCPInFlight: 2, InFlightLimited: 7}
+		},
+		ReloadErrors: func() uint64 { return 2 },
+	}
+}
+
+// TestMetricsExposition scrapes /metrics over HTTP and finds the values the
+// fakes hold.
+func TestMetricsExposition(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	if err := admin.RegisterMetrics(reg, fakeSources()); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(admin.New(admin.Config{Gatherer: reg}).Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	for _, line := range []string{
+		"userproxy_ct_state_invalid_dropped_packets_total 3",
+		`userproxy_conntrack_invalid_packets_total{reason="no_entry_not_syn"} 2`,
+		`userproxy_conntrack_invalid_packets_total{reason="bad_checksum"} 1`,
+		`userproxy_conntrack_invalid_packets_total{reason="out_of_window"} 0`,
+		`userproxy_conntrack_entries{protocol="tcp"} 5`,
+		`userproxy_conntrack_entries{protocol="udp"} 2`,
+		"userproxy_conntrack_max 131072",
+		"userproxy_conntrack_evictions_total 4",
+		`userproxy_flows_total{protocol="tcp",result="proxied"} 10`,
+		`userproxy_flows_total{protocol="tcp",result="dial_failed"} 1`,
+		`userproxy_flows_total{protocol="udp",result="rejected_no_endpoints"} 2`,
+		`userproxy_flows_total{protocol="udp",result="table_full"} 0`,
+		`userproxy_spliced_bytes_total{direction="to_endpoint"} 1000`,
+		`userproxy_spliced_bytes_total{direction="to_client"} 5000`,
+		"userproxy_affinity_hits_total 6",
+		"userproxy_flows_active 4",
+		"userproxy_udp_sessions 1",
+		`userproxy_dial_duration_seconds_bucket{le="0.00025"} 0`,
+		`userproxy_dial_duration_seconds_bucket{le="0.0005"} 2`,
+		`userproxy_dial_duration_seconds_bucket{le="0.001"} 3`,
+		`userproxy_dial_duration_seconds_bucket{le="+Inf"} 3`,
+		"userproxy_dial_duration_seconds_sum 0.0015",
+		"userproxy_dial_duration_seconds_count 3",
+		`userproxy_sync_proxy_rules_duration_seconds_bucket{le="0.001"} 1`,
+		`userproxy_sync_proxy_rules_duration_seconds_bucket{le="0.002"} 2`,
+		"userproxy_sync_proxy_rules_duration_seconds_sum 0.0025",
+		"userproxy_sync_proxy_rules_last_timestamp_seconds 1.7356896005e+09",
+		"userproxy_sync_proxy_rules_endpoint_changes_total 9",
+		"userproxy_sync_proxy_rules_service_changes_total 8",
+		`userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 1`,
+		`userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 0`,
+		`userproxy_network_programming_duration_seconds_bucket{le="0.5"} 1`,
+		"userproxy_network_programming_duration_seconds_count 1",
+		"userproxy_services 3",
+		"userproxy_service_ports 4",
+		"userproxy_services_skipped 1",
+		`userproxy_gate_packets_total{direction="in"} 100`,
+		`userproxy_gate_invalid_packets_total{direction="in"} 3`,
+		"userproxy_gate_rejected_flows_total 2",
+		"userproxy_gate_reject_rate_limited_total 1",
+		"userproxy_gate_dropped_flows_total 1",
+		"userproxy_gate_table_full_total 5",
+		"userproxy_gate_accepted_flows_total 11",
+		"userproxy_gate_in_flight_limited_total 7",
+		"userproxy_gate_tcp_handshakes_in_flight 2",
+		"userproxy_config_reload_errors_total 2",
+	} {
+		if !strings.Contains(string(body), "\n"+line+"\n") {
+			t.Errorf("/metrics lacks the line %q", line)
+		}
+	}
+	if t.Failed() {
+		t.Logf("/metrics:\n%s", body)
+	}
+}
+
+// TestMetricsTypes pins the type and help of some families.
+func TestMetricsTypes(t *testing.T) {
+	c := admin.NewCollector(fakeSources())
+	want := `
+# HELP userproxy_ct_state_invalid_dropped_packets_total Packets dropped as conntrack INVALID (kube-proxy's KUBE-FORWARD drop rule).
+# TYPE userproxy_ct_state_invalid_dropped_packets_total counter
+userproxy_ct_state_invalid_dropped_packets_total 3
+# HELP userproxy_sync_proxy_rules_no_local_endpoints_total Service ports with a Local traffic policy and no local endpoint, in the last table.
+# TYPE userproxy_sync_proxy_rules_no_local_endpoints_total gauge
+userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 0
+userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want),
+		"userproxy_ct_state_invalid_dropped_packets_total", "userproxy_sync_proxy_rules_no_local_endpoints_total"); err != nil {
+		t.Error(err)
+	}
+	// promlint: the only complaint is kube-proxy's gauge named _total.
+	problems, err := testutil.CollectAndLint(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if p.Metric != "userproxy_sync_proxy_rules_no_local_endpoints_total" {
+			t.Errorf("lint: %s: %s", p.Metric, p.Text)
+		}
+	}
+}
+
+// TestMetricsNilSources: a nil source contributes nothing, and the others
+// still work.
+func TestMetricsNilSources(t *testing.T) {
+	if n := testutil.CollectAndCount(admin.NewCollector(admin.Sources{})); n != 0 {
+		t.Errorf("no sources: %d metrics", n)
+	}
+	src := admin.Sources{Conntrack: fakeSources().Conntrack}
+	reg := prometheus.NewPedanticRegistry()
+	if err := admin.RegisterMetrics(reg, src); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(admin.NewCollector(src), "userproxy_flows_total"); n != 0 {
+		t.Errorf("flows_total without a proxy source: %d series", n)
+	}
+	want := "# HELP userproxy_ct_state_invalid_dropped_packets_total Packets dropped as conntrack INVALID (kube-proxy's KUBE-FORWARD drop rule).\n" +
+		"# TYPE userproxy_ct_state_invalid_dropped_packets_total counter\n" +
+		"userproxy_ct_state_invalid_dropped_packets_total 3\n"
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "userproxy_ct_state_invalid_dropped_packets_total"); err != nil {
+		t.Error(err)
+	}
+	// Registering the same names twice is refused.
+	if err := admin.RegisterMetrics(reg, src); err == nil {
+		t.Error("second registration accepted")
+	}
+}

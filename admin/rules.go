@@ -1,0 +1,604 @@
+package admin
+
+// The rules printer: the iptables rules kube-proxy's iptables mode would write
+// for a service table, so that our behaviour can be held against a node
+// running kube-proxy (`userproxy rules`, /debug/rules) and the kernel path
+// can be set up from the same objects in a differential test.
+//
+//  1. per IP family (kube-proxy runs one proxier per family), the Ports of
+//     that family in Table.Ports order;
+//  2. the rules of syncProxyRules (kubernetes pkg/proxy/iptables/proxier.go)
+//     for each port: the KUBE-SERVICES capture of the ClusterIP, or a
+//     filter-table REJECT (no endpoints) or DROP (internalTrafficPolicy
+//     Local without a local endpoint); the KUBE-SVC (KUBE-SVL for Local
+//     policy) chain with the ClientIP affinity checks and the statistic
+//     cascade (writeServiceToEndpointRules); one KUBE-SEP chain per endpoint;
+//  3. the static rules around them (KUBE-POSTROUTING, KUBE-MARK-MASQ,
+//     KUBE-FORWARD with the INVALID drop, the nodeports tail rule);
+//  4. printed as iptables-save prints them back (FormatSave) or as
+//     kube-proxy hands them to iptables-restore (FormatRestore).
+//
+// What is not printed, because the proxy does not model it: NodePorts,
+// external IPs, load-balancer IPs and their KUBE-EXT/KUBE-FW chains, health
+// check node ports, and externalTrafficPolicy.
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"io"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/userproxy/userproxy/balancer"
+	"github.com/userproxy/userproxy/service"
+)
+
+// Format chooses the text WriteRules prints.
+type Format uint8
+
+const (
+	// FormatSave prints what iptables-save (ip6tables-save for IPv6) prints
+	// on a node after kube-proxy wrote the rules: the kernel's canonical
+	// argument order, addresses with their prefix length, and the values as
+	// the kernel stores them (a probability of 0.3333333333 is printed
+	// back as 0.33333333349, the 31-bit threshold over 2^31; --or-mark as
+	// --set-xmark; REJECT with its --reject-with; recent with its --mask
+	// and --rsource). Chains are declared built-in first, then user chains
+	// sorted by name, and each chain's rules follow in that order, as
+	// iptables-save groups them. Checked against iptables-save v1.8.9
+	// (nf_tables): restoring this output and saving it again gives the same
+	// lines, the two "#" comment lines aside.
+	FormatSave Format = iota
+	// FormatRestore prints the iptables-restore input kube-proxy itself
+	// writes (syncProxyRules): its argument order, probabilities as
+	// balancer.ProbabilityString prints them ("%0.10f" of 1/n), chains
+	// and rules in the order the proxier emits them.
+	FormatRestore
+)
+
+// String returns "save" or "restore".
+func (f Format) String() string {
+	if f == FormatRestore {
+		return "restore"
+	}
+	return "save"
+}
+
+// ParseFormat parses "save" or "restore" ("" is "save").
+func ParseFormat(s string) (Format, error) {
+	switch s {
+	case "", "save":
+		return FormatSave, nil
+	case "restore":
+		return FormatRestore, nil
+	}
+	return 0, fmt.Errorf("unknown rules format %q: want save or restore", s)
+}
+
+// RulesOptions tunes WriteRules. The zero value prints both families in
+// FormatSave, for kube-proxy's default flags.
+type RulesOptions struct {
+	// Format is the text to print.
+	Format Format
+	// Family restricts the output to service.IPv4 or service.IPv6. Zero
+	// prints IPv4, then IPv6 when the table has IPv6 ports; each family is
+	// a section of its own (a complete iptables-restore input), as one
+	// would get from iptables-save and ip6tables-save.
+	Family service.Family
+	// ClusterCIDRs is kube-proxy's --cluster-cidr (detect-local-mode
+	// ClusterCIDR): for each family that has a CIDR here, the service chain
+	// marks traffic to the ClusterIP from outside the CIDR for masquerade
+	// (`! -s CIDR -j KUBE-MARK-MASQ`). Without one, kube-proxy has no local
+	// traffic detector and writes no such rule.
+	ClusterCIDRs []netip.Prefix
+	// MasqueradeAll is kube-proxy's --masquerade-all: every packet to a
+	// ClusterIP is marked for masquerade (the rule has no -s).
+	MasqueradeAll bool
+	// TCPBeLiberal says nf_conntrack_tcp_be_liberal is set (our
+	// --conntrack-tcp-be-liberal); kube-proxy then writes no rule dropping
+	// INVALID packets.
+	TCPBeLiberal bool
+	// JumpRules adds the rules that hook kube-proxy's chains into the
+	// built-in chains (PREROUTING and OUTPUT to KUBE-SERVICES, FORWARD to
+	// KUBE-FORWARD, ...). kube-proxy creates them with single iptables
+	// calls that prepend them, not through iptables-restore; they are
+	// printed as they end up on a node where nothing else prepended rules
+	// (FormatSave) or as "-I" lines that give the same result
+	// (FormatRestore). Needed to make the rules take effect in a network
+	// namespace of their own.
+	JumpRules bool
+}
+
+// Chain names, as pkg/proxy/iptables/proxier.go spells them.
+const (
+	chainServices         = "KUBE-SERVICES"
+	chainExternalServices = "KUBE-EXTERNAL-SERVICES"
+	chainNodePorts        = "KUBE-NODEPORTS"
+	chainPostrouting      = "KUBE-POSTROUTING"
+	chainMarkMasq         = "KUBE-MARK-MASQ"
+	chainForward          = "KUBE-FORWARD"
+	chainProxyFirewall    = "KUBE-PROXY-FIREWALL"
+	chainKubeletFirewall  = "KUBE-FIREWALL"
+
+	prefixSVC = "KUBE-SVC-"
+	prefixSVL = "KUBE-SVL-"
+	prefixSEP = "KUBE-SEP-"
+)
+
+// masqueradeBit is kube-proxy's default --iptables-masquerade-bit.
+const masqueradeBit = 14
+
+// largeClusterEndpoints is proxier.go's largeClusterEndpointsThreshold: with
+// more endpoints than this in one family, kube-proxy leaves the comments off
+// the KUBE-SVC and KUBE-SEP rules.
+const largeClusterEndpoints = 1000
+
+// portProtoHash is kube-proxy's portProtoHash (pkg/proxy/iptables/proxier.go):
+// the first 16 characters of the standard base32 encoding of
+// sha256(servicePortName + protocol), where the name is
+// ServicePortName.String() and the protocol is lower case. Iptables chain
+// names must be at most 28 characters.
+func portProtoHash(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+	}
+	return base32.StdEncoding.EncodeToString(h.Sum(nil))[:16]
+}
+
+// protoName is the protocol as kube-proxy passes it to the hash and to -p:
+// strings.ToLower(string(v1.Protocol)).
+func protoName(p service.Protocol) string { return strings.ToLower(p.String()) }
+
+// ServiceChain returns the KUBE-SVC-… chain kube-proxy names for a service
+// port with Cluster traffic policy (servicePortPolicyClusterChain).
+func ServiceChain(name service.PortName, proto service.Protocol) string {
+	return prefixSVC + portProtoHash(name.String(), protoName(proto))
+}
+
+// LocalServiceChain returns the KUBE-SVL-… chain kube-proxy names for a
+// service port with Local traffic policy (servicePortPolicyLocalChainName).
+func LocalServiceChain(name service.PortName, proto service.Protocol) string {
+	return prefixSVL + portProtoHash(name.String(), protoName(proto))
+}
+
+// EndpointChain returns the KUBE-SEP-… chain of one endpoint of a service port
+// (servicePortEndpointChainName); endpoint is "ip:port", or "[ip]:port" for
+// IPv6 — service.Endpoint.Key, which is kube-proxy's Endpoint.String.
+func EndpointChain(name service.PortName, proto service.Protocol, endpoint string) string {
+	return prefixSEP + portProtoHash(name.String(), protoName(proto), endpoint)
+}
+
+// WriteRules writes the rules kube-proxy's iptables mode would write for the
+// service ports of t (nil is an empty table), as opts says, in a
+// deterministic order: families IPv4 then IPv6, tables filter then nat,
+// service ports in Table.Ports order. Each family's section is a complete
+// iptables-restore (ip6tables-restore) input, headed by a "#" comment line.
+// It returns the first error writing to w.
+func WriteRules(w io.Writer, t *service.Table, opts RulesOptions) error {
+	ports := t.Ports()
+	var families []service.Family
+	switch opts.Family {
+	case service.IPv4, service.IPv6:
+		families = []service.Family{opts.Family}
+	case 0:
+		families = []service.Family{service.IPv4}
+		if slices.ContainsFunc(ports, func(p *service.Port) bool { return p.Family == service.IPv6 }) {
+			families = append(families, service.IPv6)
+		}
+	default:
+		return fmt.Errorf("admin: rules for IP family %d: want 4, 6 or 0 for both", opts.Family)
+	}
+	bw := bufio.NewWriterSize(w, 64<<10)
+	for _, fam := range families {
+		fr := buildFamily(fam, ports, &opts)
+		if opts.Format == FormatRestore {
+			fr.writeRestore(bw)
+		} else {
+			fr.writeSave(bw)
+		}
+	}
+	return bw.Flush()
+}
+
+// rule is one rule in both spellings. body follows "-A chain " (or
+// "-I chain " for a prepended jump rule in FormatRestore).
+type rule struct {
+	chain         string
+	restore, save string
+}
+
+// ruleTable is what one iptables table gets from one family's proxier.
+type ruleTable struct {
+	name string
+	// builtin are the table's built-in chains, in the kernel's order.
+	builtin []string
+	// chains are the user chains, in the order kube-proxy declares them.
+	chains []string
+	// rules are in the order kube-proxy writes them.
+	rules []rule
+	// jumps are the prepended jump rules, in the order kube-proxy
+	// prepends them (so the last is first in its chain).
+	jumps []rule
+}
+
+func (rt *ruleTable) declare(chain string) { rt.chains = append(rt.chains, chain) }
+
+func (rt *ruleTable) add(chain, restore, save string) {
+	rt.rules = append(rt.rules, rule{chain: chain, restore: restore, save: save})
+}
+
+// familyRules is the output of one proxier (one IP family).
+type familyRules struct {
+	family      service.Family
+	filter, nat ruleTable
+}
+
+// familyNet holds the family-dependent spellings.
+type familyNet struct {
+	hostBits     int    // 32 or 128: the prefix length iptables-save prints
+	recentMask   string // xt_recent's default --mask, as saved
+	rejectWith   string // REJECT's default --reject-with, as saved
+	saveCmd      string // the tool whose output FormatSave mimics
+	restoreCmd   string
+	nodePortsDst string // the "! -d" of the nodeports rule, "" for IPv4
+}
+
+func netOf(fam service.Family) familyNet {
+	if fam == service.IPv6 {
+		return familyNet{128, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "icmp6-port-unreachable",
+			"ip6tables-save", "ip6tables-restore", "::1/128"}
+	}
+	return familyNet{32, "255.255.255.255", "icmp-port-unreachable", "iptables-save", "iptables-restore", ""}
+}
+
+// buildFamily computes the rules of one family, following syncProxyRules
+// (pkg/proxy/iptables/proxier.go) step by step.
+func buildFamily(fam service.Family, all []*service.Port, opts *RulesOptions) *familyRules {
+	nw := netOf(fam)
+	mark := uint32(1) << masqueradeBit
+	markRestore := fmt.Sprintf("%#08x", mark) // kube-proxy's masqueradeMark: "0x00004000"
+	markSave := fmt.Sprintf("0x%x", mark)
+	fr := &familyRules{
+		family: fam,
+		filter: ruleTable{name: "filter", builtin: []string{"INPUT", "FORWARD", "OUTPUT"}},
+		nat:    ruleTable{name: "nat", builtin: []string{"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"}},
+	}
+	filter, nat := &fr.filter, &fr.nat
+
+	// The top-level chains.
+	for _, c := range []string{chainServices, chainExternalServices, chainForward, chainNodePorts, chainProxyFirewall} {
+		filter.declare(c)
+	}
+	for _, c := range []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq} {
+		nat.declare(c)
+	}
+	nat.add(chainPostrouting,
+		fmt.Sprintf("-m mark ! --mark %s/%s -j RETURN", markRestore, markRestore),
+		fmt.Sprintf("-m mark ! --mark %s/%s -j RETURN", markSave, markSave))
+	nat.add(chainPostrouting,
+		"-j MARK --xor-mark "+markRestore,
+		fmt.Sprintf("-j MARK --set-xmark %s/0x0", markSave))
+	nat.add(chainPostrouting,
+		`-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`,
+		`-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`)
+	nat.add(chainMarkMasq,
+		"-j MARK --or-mark "+markRestore,
+		fmt.Sprintf("-j MARK --set-xmark %s/%s", markSave, markSave))
+
+	// kube-proxy duplicates kubelet's anti-martian rule for IPv4 when
+	// localhost NodePorts are enabled (the default).
+	if fam == service.IPv4 {
+		filter.declare(chainKubeletFirewall)
+		filter.add(chainKubeletFirewall,
+			`-m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`,
+			`! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`)
+	} else if opts.JumpRules {
+		// The jump below needs the chain; kube-proxy's EnsureChain made it.
+		filter.declare(chainKubeletFirewall)
+	}
+
+	var ports []*service.Port
+	endpoints := 0
+	for _, p := range all {
+		if p.Family == fam {
+			ports = append(ports, p)
+			endpoints += len(p.Endpoints)
+		}
+	}
+	b := portRules{nw: nw, opts: opts, largeCluster: endpoints > largeClusterEndpoints}
+	for _, c := range opts.ClusterCIDRs {
+		if (c.Addr().Is4() && fam == service.IPv4) || (c.Addr().Is6() && !c.Addr().Is4In6() && fam == service.IPv6) {
+			b.clusterCIDR = c.Masked()
+			break
+		}
+	}
+	for _, p := range ports {
+		b.write(filter, nat, p)
+	}
+
+	// The tail of KUBE-SERVICES: local destinations go on to the nodeports
+	// chain (nodePortAddresses matching all, the default).
+	const npComment = `"kubernetes service nodeports; NOTE: this must be the last rule in this chain"`
+	if nw.nodePortsDst != "" {
+		nat.add(chainServices,
+			"-m comment --comment "+npComment+" -m addrtype --dst-type LOCAL ! -d "+nw.nodePortsDst+" -j "+chainNodePorts,
+			"! -d "+nw.nodePortsDst+" -m comment --comment "+npComment+" -m addrtype --dst-type LOCAL -j "+chainNodePorts)
+	} else {
+		r := "-m comment --comment " + npComment + " -m addrtype --dst-type LOCAL -j " + chainNodePorts
+		nat.add(chainServices, r, r)
+	}
+
+	// KUBE-FORWARD: drop INVALID packets unless the conntrack is liberal
+	// (kubernetes issues 74839 and 117924), then accept marked and
+	// tracked traffic.
+	if !opts.TCPBeLiberal {
+		r := "-m conntrack --ctstate INVALID -j DROP"
+		filter.add(chainForward, r, r)
+	}
+	filter.add(chainForward,
+		fmt.Sprintf(`-m comment --comment "kubernetes forwarding rules" -m mark --mark %s/%s -j ACCEPT`, markRestore, markRestore),
+		fmt.Sprintf(`-m comment --comment "kubernetes forwarding rules" -m mark --mark %s/%s -j ACCEPT`, markSave, markSave))
+	r := `-m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`
+	filter.add(chainForward, r, r)
+
+	if opts.JumpRules {
+		addJumpRules(filter, nat)
+	}
+	return fr
+}
+
+// addJumpRules adds proxier.go's iptablesJumpChains and
+// iptablesKubeletJumpChains, in that order (each is prepended to its chain).
+func addJumpRules(filter, nat *ruleTable) {
+	const newOnly = "-m conntrack --ctstate NEW "
+	jumps := []struct {
+		t            *ruleTable
+		from, to     string
+		extra, commt string
+	}{
+		{filter, "INPUT", chainExternalServices, newOnly, "kubernetes externally-visible service portals"},
+		{filter, "FORWARD", chainExternalServices, newOnly, "kubernetes externally-visible service portals"},
+		{filter, "INPUT", chainNodePorts, "", "kubernetes health check service ports"},
+		{filter, "FORWARD", chainServices, newOnly, "kubernetes service portals"},
+		{filter, "OUTPUT", chainServices, newOnly, "kubernetes service portals"},
+		{filter, "FORWARD", chainForward, "", "kubernetes forwarding rules"},
+		{filter, "INPUT", chainProxyFirewall, newOnly, "kubernetes load balancer firewall"},
+		{filter, "OUTPUT", chainProxyFirewall, newOnly, "kubernetes load balancer firewall"},
+		{filter, "FORWARD", chainProxyFirewall, newOnly, "kubernetes load balancer firewall"},
+		{nat, "OUTPUT", chainServices, "", "kubernetes service portals"},
+		{nat, "PREROUTING", chainServices, "", "kubernetes service portals"},
+		{nat, "POSTROUTING", chainPostrouting, "", "kubernetes postrouting rules"},
+		{filter, "INPUT", chainKubeletFirewall, "", ""},
+		{filter, "OUTPUT", chainKubeletFirewall, "", ""},
+	}
+	for _, j := range jumps {
+		body := j.extra
+		if j.commt != "" {
+			body += `-m comment --comment "` + j.commt + `" `
+		}
+		body += "-j " + j.to
+		j.t.jumps = append(j.t.jumps, rule{chain: j.from, restore: body, save: body})
+	}
+}
+
+// portRules writes the rules of one service port.
+type portRules struct {
+	nw           familyNet
+	opts         *RulesOptions
+	clusterCIDR  netip.Prefix // of this family; invalid when none
+	largeCluster bool
+}
+
+func (b *portRules) write(filter, nat *ruleTable, p *service.Port) {
+	name := p.Name.String()
+	proto := protoName(p.Protocol)
+	ip := p.ClusterIP.String()
+	ipSave := ip + "/" + strconv.Itoa(b.nw.hostBits)
+	dport := strconv.Itoa(int(p.Port))
+
+	// 1. Capture the ClusterIP, or refuse traffic to it in the filter
+	// table: REJECT without endpoints, DROP when the Local policy finds
+	// none on this node.
+	switch {
+	case p.Verdict == service.NoLocalEndpoints:
+		b.refuse(filter, p, `"`+name+` has no local endpoints"`, "DROP")
+		return
+	case p.Verdict != service.Forward || len(p.EndpointKeys) == 0:
+		b.refuse(filter, p, `"`+name+` has no endpoints"`, "REJECT")
+		return
+	}
+	svcChain := ServiceChain(p.Name, p.Protocol)
+	if p.InternalTrafficPolicyLocal {
+		svcChain = LocalServiceChain(p.Name, p.Protocol)
+	}
+	clusterComment := `"` + name + ` cluster IP"`
+	nat.add(chainServices,
+		fmt.Sprintf("-m comment --comment %s -m %s -p %s -d %s --dport %s -j %s", clusterComment, proto, proto, ip, dport, svcChain),
+		fmt.Sprintf("-d %s -p %s -m comment --comment %s -m %s --dport %s -j %s", ipSave, proto, saveString(name+" cluster IP"), proto, dport, svcChain))
+
+	// 2. Masquerade off-cluster traffic to the ClusterIP.
+	if b.opts.MasqueradeAll || b.clusterCIDR.IsValid() {
+		notSrc, notSrcSave := "", ""
+		if !b.opts.MasqueradeAll {
+			notSrc = " ! -s " + b.clusterCIDR.String()
+			notSrcSave = "! -s " + b.clusterCIDR.String() + " "
+		}
+		nat.add(svcChain,
+			fmt.Sprintf("-m comment --comment %s -m %s -p %s -d %s --dport %s%s -j %s", clusterComment, proto, proto, ip, dport, notSrc, chainMarkMasq),
+			fmt.Sprintf("%s-d %s -p %s -m comment --comment %s -m %s --dport %s -j %s", notSrcSave, ipSave, proto, saveString(name+" cluster IP"), proto, dport, chainMarkMasq))
+	}
+
+	// 3. The service chain (writeServiceToEndpointRules): affinity checks
+	// first, then the cascade.
+	nat.declare(svcChain)
+	sepChains := make([]string, len(p.EndpointKeys))
+	for i, key := range p.EndpointKeys {
+		sepChains[i] = EndpointChain(p.Name, p.Protocol, key)
+	}
+	affinity := p.Affinity.ClientIP
+	seconds := strconv.Itoa(int(p.Affinity.Timeout.Seconds()))
+	if affinity {
+		for i, key := range p.EndpointKeys {
+			c, cs := b.comment(`"` + name + " -> " + key + `"`)
+			sep := sepChains[i]
+			nat.add(svcChain,
+				c+"-m recent --name "+sep+" --rcheck --seconds "+seconds+" --reap -j "+sep,
+				cs+"-m recent --rcheck --seconds "+seconds+" --reap --name "+sep+" --mask "+b.nw.recentMask+" --rsource -j "+sep)
+		}
+	}
+	n := len(p.EndpointKeys)
+	for i, key := range p.EndpointKeys {
+		c, cs := b.comment(`"` + name + " -> " + key + `"`)
+		stat, statSave := "", ""
+		if i < n-1 {
+			stat = "-m statistic --mode random --probability " + balancer.ProbabilityString(n-i) + " "
+			statSave = "-m statistic --mode random --probability " + savedProbability(n-i) + " "
+		}
+		nat.add(svcChain, c+stat+"-j "+sepChains[i], cs+statSave+"-j "+sepChains[i])
+	}
+
+	// 4. One chain per endpoint: masquerade hairpin traffic, remember the
+	// client for affinity, DNAT.
+	for i, key := range p.EndpointKeys {
+		sep := sepChains[i]
+		nat.declare(sep)
+		epIP := p.Endpoints[i].Addr.Addr().String()
+		c, cs := b.comment(name)
+		nat.add(sep,
+			c+"-s "+epIP+" -j "+chainMarkMasq,
+			"-s "+epIP+"/"+strconv.Itoa(b.nw.hostBits)+" "+cs+"-j "+chainMarkMasq)
+		recent, recentSave := "", ""
+		if affinity {
+			recent = "-m recent --name " + sep + " --set "
+			recentSave = "-m recent --set --name " + sep + " --mask " + b.nw.recentMask + " --rsource "
+		}
+		nat.add(sep,
+			c+recent+"-m "+proto+" -p "+proto+" -j DNAT --to-destination "+key,
+			"-p "+proto+" "+cs+recentSave+"-m "+proto+" -j DNAT --to-destination "+key)
+	}
+}
+
+// refuse writes the filter-table rule for a ClusterIP without usable
+// endpoints.
+func (b *portRules) refuse(filter *ruleTable, p *service.Port, comment, target string) {
+	proto := protoName(p.Protocol)
+	ip := p.ClusterIP.String()
+	dport := strconv.Itoa(int(p.Port))
+	saveTarget := target
+	if target == "REJECT" {
+		saveTarget += " --reject-with " + b.nw.rejectWith
+	}
+	filter.add(chainServices,
+		fmt.Sprintf("-m comment --comment %s -m %s -p %s -d %s --dport %s -j %s", comment, proto, proto, ip, dport, target),
+		fmt.Sprintf("-d %s/%d -p %s -m comment --comment %s -m %s --dport %s -j %s",
+			ip, b.nw.hostBits, proto, saveString(strings.Trim(comment, `"`)), proto, dport, saveTarget))
+}
+
+// comment returns the comment match of a KUBE-SVC or KUBE-SEP rule in both
+// spellings, with a trailing space: kube-proxy's appendServiceCommentLocked,
+// which leaves it out in large clusters. c is as kube-proxy writes it
+// (quoted by the caller when it has spaces).
+func (b *portRules) comment(c string) (restore, save string) {
+	if b.largeCluster {
+		return "", ""
+	}
+	return "-m comment --comment " + c + " ", "-m comment --comment" + saveStringSpaced(strings.Trim(c, `"`)) + " "
+}
+
+// savedProbability is how iptables-save prints the probability 1/k after
+// iptables stored it: libxt_statistic.c prints the 31-bit threshold over
+// 2^31 with "%.11f".
+func savedProbability(k int) string {
+	return strconv.FormatFloat(float64(balancer.Threshold(k))/(1<<31), 'f', 11, 64)
+}
+
+// saveString quotes s as libxtables' xtables_save_string does: bare when it
+// is made only of letters, digits, underscores and dashes, else in double
+// quotes, with double quotes, backslashes and single quotes escaped by a
+// backslash.
+func saveString(s string) string {
+	return strings.TrimPrefix(saveStringSpaced(s), " ")
+}
+
+func saveStringSpaced(s string) string {
+	bare := s != ""
+	for _, r := range s {
+		if !(r == '_' || r == '-' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')) {
+			bare = false
+			break
+		}
+	}
+	if bare {
+		return " " + s
+	}
+	var sb strings.Builder
+	sb.WriteString(` "`)
+	for _, r := range s {
+		if r == '"' || r == '\\' || r == '\'' {
+			sb.WriteByte('\\')
+		}
+		sb.WriteRune(r)
+	}
+	sb.WriteByte('"')
+	return sb.String()
+}
+
+// writeRestore prints the family as kube-proxy's iptables-restore input:
+// filter then nat, each with its chain lines then its rules, in the order
+// the proxier writes them; jump rules, when asked for, as -I lines.
+func (fr *familyRules) writeRestore(w *bufio.Writer) {
+	nw := netOf(fr.family)
+	fmt.Fprintf(w, "# %s input that kube-proxy's iptables proxier writes (%s), by userproxy\n", nw.restoreCmd, fr.family)
+	for _, rt := range []*ruleTable{&fr.filter, &fr.nat} {
+		w.WriteString("*" + rt.name + "\n")
+		for _, c := range rt.chains {
+			w.WriteString(":" + c + " - [0:0]\n")
+		}
+		for _, r := range rt.rules {
+			w.WriteString("-A " + r.chain + " " + r.restore + "\n")
+		}
+		for _, r := range rt.jumps {
+			w.WriteString("-I " + r.chain + " " + r.restore + "\n")
+		}
+		w.WriteString("COMMIT\n")
+	}
+}
+
+// writeSave prints the family as iptables-save prints it: per table, the
+// built-in chains with policy ACCEPT, then the user chains sorted by name,
+// then every chain's rules in that chain order.
+func (fr *familyRules) writeSave(w *bufio.Writer) {
+	nw := netOf(fr.family)
+	for _, rt := range []*ruleTable{&fr.filter, &fr.nat} {
+		fmt.Fprintf(w, "# Generated by userproxy as %s would print kube-proxy's rules (%s)\n", nw.saveCmd, fr.family)
+		w.WriteString("*" + rt.name + "\n")
+		user := slices.Clone(rt.chains)
+		slices.Sort(user)
+		user = slices.Compact(user)
+		for _, c := range rt.builtin {
+			w.WriteString(":" + c + " ACCEPT [0:0]\n")
+		}
+		for _, c := range user {
+			w.WriteString(":" + c + " - [0:0]\n")
+		}
+		byChain := make(map[string][]string, len(user)+len(rt.builtin))
+		// Prepended jumps: the last one prepended comes first.
+		for i := len(rt.jumps) - 1; i >= 0; i-- {
+			byChain[rt.jumps[i].chain] = append(byChain[rt.jumps[i].chain], rt.jumps[i].save)
+		}
+		for _, r := range rt.rules {
+			byChain[r.chain] = append(byChain[r.chain], r.save)
+		}
+		for _, c := range slices.Concat(rt.builtin, user) {
+			for _, body := range byChain[c] {
+				w.WriteString("-A " + c + " " + body + "\n")
+			}
+		}
+		w.WriteString("COMMIT\n")
+	}
+}

@@ -1,0 +1,455 @@
+package admin_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/userproxy/userproxy/admin"
+	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/service"
+)
+
+// packet builds an IPv4 packet from src to dst: a TCP SYN, or a UDP
+// datagram. Checksums are left zero; the tables these tests use skip them.
+func packet(proto conntrack.Protocol, src, dst netip.AddrPort) []byte {
+	l4 := 8
+	if proto == conntrack.TCP {
+		l4 = 20
+	}
+	b := make([]byte, 20+l4)
+	b[0] = 0x45
+	binary.BigEndian.PutUint16(b[2:], uint16(len(b)))
+	b[8], b[9] = 64, byte(proto)
+	s4, d4 := src.Addr().As4(), dst.Addr().As4()
+	copy(b[12:], s4[:])
+	copy(b[16:], d4[:])
+	t := b[20:]
+	binary.BigEndian.PutUint16(t[0:], src.Port())
+	binary.BigEndian.PutUint16(t[2:], dst.Port())
+	if proto == conntrack.TCP {
+		binary.BigEndian.PutUint32(t[4:], 1000) // seq
+		t[12] = 5 << 4
+		t[13] = 0x02 // SYN
+		binary.BigEndian.PutUint16(t[14:], 65535)
+	} else {
+		binary.BigEndian.PutUint16(t[4:], uint16(l4))
+	}
+	return b
+}
+
+type flow struct {
+	proto       conntrack.Protocol
+	src, dst    string
+	endpoint    string
+	servicePort string
+}
+
+// conntrackTable returns a table holding flows, each confirmed and bound.
+func conntrackTable(t *testing.T, flows ...flow) *conntrack.Table {
+	t.Helper()
+	ct, err := conntrack.NewTable(conntrack.Config{Max: 1024, Shards: 4, SkipChecksums: true, Clock: conntrack.NewManualClock(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range flows {
+		r := ct.Classify(packet(f.proto, netip.MustParseAddrPort(f.src), netip.MustParseAddrPort(f.dst)), conntrack.Original)
+		if r.Verdict != conntrack.New {
+			t.Fatalf("flow %+v: verdict %v (%v)", f, r.Verdict, r.Reason)
+		}
+		if err := ct.Confirm(&r); err != nil {
+			t.Fatal(err)
+		}
+		if !ct.Bind(r.Tuple, netip.MustParseAddrPort(f.endpoint), f.servicePort) {
+			t.Fatalf("flow %+v: Bind failed", f)
+		}
+	}
+	return ct
+}
+
+// testFlows: two ports of ns1/web, one of ns1/webby (a name that
+// starts like web), one of ns2/dns.
+var testFlows = []flow{
+	{conntrack.TCP, "10.0.0.1:40001", "10.96.0.10:80", "10.244.0.5:8080", "ns1/web:http"},
+	{conntrack.TCP, "10.0.0.2:40002", "10.96.0.10:443", "10.244.0.6:8443", "ns1/web:https"},
+	{conntrack.UDP, "10.0.0.3:40003", "10.96.0.10:80", "10.244.0.5:8080", "ns1/web:http"},
+	{conntrack.TCP, "10.0.0.4:40004", "10.96.0.11:80", "10.244.0.7:80", "ns1/webby"},
+	{conntrack.UDP, "10.0.0.5:40005", "10.96.0.53:53", "10.244.0.8:53", "ns2/dns"},
+}
+
+func get(t *testing.T, h http.Handler, method, target string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, target, nil))
+	return rec.Code, rec.Body.String()
+}
+
+// sports returns the sport= values of conntrack -L lines, in order.
+func sports(body string) []string {
+	var out []string
+	for _, l := range strings.Split(strings.TrimSpace(body), "\n") {
+		if l == "" {
+			continue
+		}
+		i := strings.Index(l, "sport=")
+		out = append(out, strings.Fields(l[i+len("sport="):])[0])
+	}
+	return out
+}
+
+func TestHealthz(t *testing.T) {
+	var healthErr error
+	h := admin.New(admin.Config{Health: func() error { return healthErr }}).Handler()
+	if code, body := get(t, h, "GET", "/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("healthy: %d %q", code, body)
+	}
+	healthErr = errors.New("config reload failed: quickstart.yaml: document 2: spec.clusterIP: invalid")
+	if code, body := get(t, h, "GET", "/healthz"); code != 503 || body != healthErr.Error()+"\n" {
+		t.Errorf("unhealthy: %d %q", code, body)
+	}
+	if code, _ := get(t, h, "GET", "/livez"); code != 200 {
+		t.Errorf("livez while unhealthy: %d", code)
+	}
+	// No health function: healthy.
+	if code, _ := get(t, admin.New(admin.Config{}).Handler(), "GET", "/healthz"); code != 200 {
+		t.Errorf("no health check: %d", code)
+	}
+}
+
+// fakeSync is a Tracker stand-in for SyncHealth.
+type fakeSync struct {
+	mu sync.Mutex
+	s  service.Stats
+}
+
+func (f *fakeSync) Stats() service.Stats { f.mu.Lock(); defer f.mu.Unlock(); return f.s }
+func (f *fakeSync) set(syncs uint64, pending int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.s.Syncs, f.s.PendingChanges = syncs, pending
+}
+
+func TestSyncHealth(t *testing.T) {
+	src := &fakeSync{}
+	now := epoch
+	check := admin.SyncHealth(src, time.Minute, func() time.Time { return now })
+	step := func(d time.Duration, syncs uint64, pending int, wantErr string) {
+		t.Helper()
+		now = now.Add(d)
+		src.set(syncs, pending)
+		err := check()
+		switch {
+		case wantErr == "" && err != nil:
+			t.Errorf("at +%s (syncs %d, pending %d): unhealthy: %v", now.Sub(epoch), syncs, pending, err)
+		case wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)):
+			t.Errorf("at +%s (syncs %d, pending %d): error %v, want one containing %q", now.Sub(epoch), syncs, pending, err, wantErr)
+		}
+	}
+	step(0, 0, 0, "no service table built yet")
+	step(time.Hour, 0, 3, "no service table built yet")
+	step(0, 1, 0, "")
+	step(10*time.Minute, 1, 0, "") // an old table with nothing pending is fine
+	step(0, 1, 2, "")              // changes seen pending: the clock starts
+	step(59*time.Second, 1, 2, "")
+	step(2*time.Second, 1, 2, "2 changed services have waited 1m1s")
+	step(time.Second, 2, 1, "") // a new table went live: waiting starts over
+	step(50*time.Second, 2, 1, "")
+	step(20*time.Second, 2, 0, "")
+
+	// CheckAll runs the checks in order and skips nil ones.
+	boom := errors.New("boom")
+	if err := admin.CheckAll(nil, func() error { return nil }, func() error { return boom }, func() error { panic("not reached") })(); err != boom {
+		t.Errorf("CheckAll: %v", err)
+	}
+	if err := admin.CheckAll()(); err != nil {
+		t.Errorf("CheckAll(): %v", err)
+	}
+}
+
+func TestConntrackList(t *testing.T) {
+	h := admin.New(admin.Config{Conntrack: conntrackTable(t, testFlows...)}).Handler()
+	tests := []struct {
+		query string
+		want  []string // source ports, sorted lines
+	}{
+		{"", []string{"40001", "40002", "40004", "40003", "40005"}},
+		{"?protocol=tcp", []string{"40001", "40002", "40004"}},
+		{"?protocol=UDP", []string{"40003", "40005"}},
+		{"?service=ns1/web", []string{"40001", "40002", "40003"}},
+		{"?service=ns1/web&protocol=udp", []string{"40003"}},
+		{"?service=ns1/web:https", []string{"40002"}},
+		{"?service=ns1/webby", []string{"40004"}},
+		{"?service=ns1/webby:", []string{"40004"}}, // the unnamed port
+		{"?service=ns3/nothing", nil},
+		{"?dst=10.96.0.53", []string{"40005"}},
+		{"?src=10.0.0.2", []string{"40002"}},
+		{"?endpoint=10.244.0.5", []string{"40001", "40003"}},
+	}
+	for _, tt := range tests {
+		code, body := get(t, h, "GET", "/debug/conntrack"+tt.query)
+		if code != 200 {
+			t.Errorf("%s: status %d: %s", tt.query, code, body)
+			continue
+		}
+		if diff := cmp.Diff(tt.want, sports(body)); diff != "" {
+			t.Errorf("%s: source ports (-want +got):\n%s\n%s", tt.query, diff, body)
+		}
+	}
+	// The lines are conntrack -L's.
+	_, body := get(t, h, "GET", "/debug/conntrack?service=ns1/web:https")
+	if !strings.HasPrefix(body, "tcp      6 120 SYN_SENT src=10.0.0.2 dst=10.96.0.10 sport=40002 dport=443 ") ||
+		!strings.Contains(body, " [UNREPLIED] src=10.244.0.6 dst=10.0.0.2 sport=8443 dport=40002 ") {
+		t.Errorf("unexpected line: %q", body)
+	}
+
+	for _, bad := range []string{"?protocol=icmp", "?service=web", "?service=ns1/", "?service=/web", "?src=10.0.0", "?proto=tcp", "?endpoint=x"} {
+		if code, body := get(t, h, "GET", "/debug/conntrack"+bad); code != http.StatusBadRequest {
+			t.Errorf("%s: status %d: %s", bad, code, body)
+		}
+	}
+	if code, _ := get(t, admin.New(admin.Config{}).Handler(), "GET", "/debug/conntrack"); code != http.StatusServiceUnavailable {
+		t.Errorf("no table: status %d", code)
+	}
+}
+
+func TestConntrackFlush(t *testing.T) {
+	tests := []struct {
+		query   string
+		deleted int
+		left    []string
+	}{
+		{"?service=ns1/web", 3, []string{"40004", "40005"}},
+		{"?service=ns1/web:http&protocol=udp", 1, []string{"40001", "40002", "40004", "40005"}},
+		{"?protocol=udp", 2, []string{"40001", "40002", "40004"}},
+		{"?service=ns1/web&endpoint=10.244.0.5", 2, []string{"40002", "40004", "40005"}},
+		{"", 5, nil},
+		{"?service=ns9/none", 0, []string{"40001", "40002", "40004", "40003", "40005"}},
+	}
+	for _, tt := range tests {
+		h := admin.New(admin.Config{Conntrack: conntrackTable(t, testFlows...)}).Handler()
+		code, body := get(t, h, "POST", "/debug/conntrack/flush"+tt.query)
+		if code != 200 || body != fmt.Sprintf("%d\n", tt.deleted) {
+			t.Errorf("flush %s: %d %q, want 200 %d", tt.query, code, body, tt.deleted)
+		}
+		_, body = get(t, h, "GET", "/debug/conntrack")
+		if diff := cmp.Diff(tt.left, sports(body)); diff != "" {
+			t.Errorf("after flush %s, left (-want +got):\n%s", tt.query, diff)
+		}
+	}
+	h := admin.New(admin.Config{Conntrack: conntrackTable(t, testFlows...)}).Handler()
+	if code, _ := get(t, h, "GET", "/debug/conntrack/flush"); code != http.StatusMethodNotAllowed {
+		t.Errorf("GET flush: status %d", code)
+	}
+	// A mistyped parameter must not flush everything.
+	if code, _ := get(t, h, "POST", "/debug/conntrack/flush?servce=ns1/web"); code != http.StatusBadRequest {
+		t.Errorf("mistyped parameter: status %d", code)
+	}
+	if _, body := get(t, h, "GET", "/debug/conntrack"); len(sports(body)) != 5 {
+		t.Errorf("entries were deleted by a bad request:\n%s", body)
+	}
+}
+
+func TestDebugServices(t *testing.T) {
+	tbl := table(t,
+		svc("ns1/svc1", "172.30.0.41,fd00::41", ports(sport("p80", tcp, 80)), clientIP(0)),
+		slice("ns1/svc1-a", "svc1", ipv4, "p80", tcp, 8080, ep("10.180.0.2", onNode("node-a")), ep("10.180.0.10", onNode("other"))),
+		svc("ns2/empty", "172.30.0.42", ports(sport("", udp, 53))),
+		svc("ns3/local", "172.30.0.43", ports(sport("", tcp, 80)), itpLocal),
+		slice("ns3/local-a", "local", ipv4, "", tcp, 80, eps("10.180.0.3")...),
+		svc("ns4/headless", "None", ports(sport("", tcp, 80))),
+	)
+	h := admin.New(admin.Config{Table: func() *service.Table { return tbl }}).Handler()
+	code, body := get(t, h, "GET", "/debug/services")
+	if code != 200 {
+		t.Fatalf("status %d: %s", code, body)
+	}
+	_, rest, _ := strings.Cut(body, "\n") // the header has the build time
+	want := `ns1/svc1:p80 TCP 172.30.0.41:80 IPv4 forward to 2 endpoints, affinity ClientIP 3h0m0s
+    10.180.0.10:8080 ready serving node=other
+    10.180.0.2:8080 ready serving local node=node-a
+ns1/svc1:p80 TCP [fd00::41]:80 IPv6 no endpoints: REJECT, affinity ClientIP 3h0m0s
+ns2/empty UDP 172.30.0.42:53 IPv4 no endpoints: REJECT
+ns3/local TCP 172.30.0.43:80 IPv4 no local endpoints: DROP, internalTrafficPolicy Local
+# skipped
+ns4/headless: headless service (clusterIP: None)
+`
+	if diff := cmp.Diff(want, rest); diff != "" {
+		t.Errorf("/debug/services (-want +got):\n%s", diff)
+	}
+	if !strings.HasPrefix(body, "# service table 1, built ") || !strings.Contains(body, ": 3 services, 4 ports, 1 skipped\n") {
+		t.Errorf("header: %q", body[:strings.Index(body, "\n")])
+	}
+
+	noTable := admin.New(admin.Config{Table: func() *service.Table { return nil }}).Handler()
+	if code, body := get(t, noTable, "GET", "/debug/services"); code != 200 || !strings.Contains(body, "no service table yet") {
+		t.Errorf("before the first table: %d %q", code, body)
+	}
+	if code, _ := get(t, admin.New(admin.Config{}).Handler(), "GET", "/debug/services"); code != http.StatusServiceUnavailable {
+		t.Errorf("no table source: %d", code)
+	}
+}
+
+func TestDebugRules(t *testing.T) {
+	tbl := table(t,
+		svc("ns1/svc1", "172.30.0.41,fd00::41", ports(sport("p80", tcp, 80))),
+		slice("ns1/svc1-a", "svc1", ipv4, "p80", tcp, 80, eps("10.180.0.1")...),
+		slice("ns1/svc1-b", "svc1", discoveryv1.AddressTypeIPv6, "p80", tcp, 80, eps("fd00:10::1")...),
+	)
+	opts := admin.RulesOptions{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
+	h := admin.New(admin.Config{Table: func() *service.Table { return tbl }, Rules: opts}).Handler()
+	for _, tt := range []struct {
+		query string
+		opts  admin.RulesOptions
+	}{
+		{"", opts},
+		{"?format=restore", admin.RulesOptions{Format: admin.FormatRestore, ClusterCIDRs: opts.ClusterCIDRs}},
+		{"?family=6", admin.RulesOptions{Family: service.IPv6, ClusterCIDRs: opts.ClusterCIDRs}},
+		{"?format=save&family=ipv4", admin.RulesOptions{Family: service.IPv4, ClusterCIDRs: opts.ClusterCIDRs}},
+	} {
+		code, body := get(t, h, "GET", "/debug/rules"+tt.query)
+		if code != 200 {
+			t.Errorf("%s: status %d: %s", tt.query, code, body)
+			continue
+		}
+		if diff := cmp.Diff(writeRules(t, tbl, tt.opts), body); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tt.query, diff)
+		}
+	}
+	for _, bad := range []string{"?format=json", "?family=5"} {
+		if code, _ := get(t, h, "GET", "/debug/rules"+bad); code != http.StatusBadRequest {
+			t.Errorf("%s: status %d", bad, code)
+		}
+	}
+}
+
+func TestIndexAndNotFound(t *testing.T) {
+	h := admin.New(admin.Config{}).Handler()
+	if code, body := get(t, h, "GET", "/"); code != 200 || !strings.Contains(body, "/debug/conntrack/flush") {
+		t.Errorf("index: %d %q", code, body)
+	}
+	if code, _ := get(t, h, "GET", "/nope"); code != http.StatusNotFound {
+		t.Errorf("unknown path: %d", code)
+	}
+	if code, _ := get(t, h, "GET", "/metrics"); code != http.StatusServiceUnavailable {
+		t.Errorf("metrics without a gatherer: %d", code)
+	}
+}
+
+// TestServeAndClient runs the real server on a loopback port, drives it
+// with the CLI helpers, and stops it through the context.
+func TestServeAndClient(t *testing.T) {
+	ct := conntrackTable(t, testFlows...)
+	tbl := table(t,
+		svc("ns1/svc1", "172.30.0.41", ports(sport("p80", tcp, 80))),
+		slice("ns1/svc1-a", "svc1", ipv4, "p80", tcp, 80, eps("10.180.0.1")...),
+	)
+	reg := prometheus.NewRegistry()
+	if err := admin.RegisterMetrics(reg, admin.Sources{Conntrack: ct}); err != nil {
+		t.Fatal(err)
+	}
+	srv := admin.New(admin.Config{Conntrack: ct, Gatherer: reg, Table: func() *service.Table { return tbl }})
+	ln, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.ServeListener(ctx, ln) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("ServeListener: %v", err)
+		}
+	}()
+
+	list, err := admin.FetchConntrack(ctx, addr, admin.ConntrackQuery{Service: "ns1/web", Protocol: "tcp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"40001", "40002"}, sports(list)); diff != "" {
+		t.Errorf("FetchConntrack (-want +got):\n%s", diff)
+	}
+	n, err := admin.FlushConntrack(ctx, "http://"+addr+"/", admin.ConntrackQuery{Service: "ns1/web"})
+	if err != nil || n != 3 {
+		t.Errorf("FlushConntrack: %d, %v; want 3", n, err)
+	}
+	if ct.Len() != 2 {
+		t.Errorf("%d entries left, want 2", ct.Len())
+	}
+	if _, err := admin.FlushConntrack(ctx, addr, admin.ConntrackQuery{Protocol: "icmp"}); err == nil || !strings.Contains(err.Error(), `protocol "icmp": want tcp or udp`) {
+		t.Errorf("bad query: %v", err)
+	}
+	rules, err := admin.FetchRules(ctx, addr, admin.FormatRestore, service.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := writeRules(t, tbl, admin.RulesOptions{Format: admin.FormatRestore, Family: service.IPv4}); rules != want {
+		t.Errorf("FetchRules:\n%s\nwant:\n%s", rules, want)
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "\nuserproxy_conntrack_evictions_total 0\n") {
+		t.Errorf("metrics over the network:\n%s", body)
+	}
+}
+
+func TestServeStops(t *testing.T) {
+	// Serve binds, and returns nil once the context ends.
+	srv := admin.New(admin.Config{ShutdownTimeout: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, "127.0.0.1:0") }()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after its context ended")
+	}
+
+	// A port in use is an error from Serve at once.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := srv.Serve(context.Background(), ln.Addr().String()); err == nil {
+		t.Error("Serve on a port in use: no error")
+	}
+
+	// A closed listener stops ServeListener with an error.
+	ln2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln2.Close()
+	if err := srv.ServeListener(context.Background(), ln2); err == nil {
+		t.Error("ServeListener on a closed listener: no error")
+	}
+
+	// The client reports a server that is not there.
+	if _, err := admin.FetchConntrack(context.Background(), ln2.Addr().String(), admin.ConntrackQuery{}); err == nil {
+		t.Error("FetchConntrack without a server: no error")
+	}
+}

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+
+	"github.com/userproxy/userproxy/admin"
+	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/netstack"
+	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/service"
+	"github.com/userproxy/userproxy/source/file"
+)
+
+// adminDeps are the parts the admin server reports on.
+type adminDeps struct {
+	ct        *conntrack.Table
+	px        *proxy.Proxy
+	st        *netstack.Stack
+	tracker   *service.Tracker
+	src       objectSource
+	firstSync <-chan struct{}
+	rules     admin.RulesOptions
+}
+
+// startAdmin serves the admin endpoints on addr until ctx ends; the returned
+// function waits for the server to stop.
+func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logger) (func(), error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	sources := admin.Sources{
+		Conntrack: d.ct,
+		Proxy:     d.px,
+		Tracker:   d.tracker,
+		Gate:      func() admin.GateStats { return admin.GateStats(d.st.Stats()) },
+	}
+	if fs, ok := d.src.(*file.Source); ok {
+		sources.ReloadErrors = func() uint64 { return fs.Stats().Errors }
+	}
+	if err := admin.RegisterMetrics(reg, sources); err != nil {
+		return nil, fmt.Errorf("admin: registering metrics: %w", err)
+	}
+	srv := admin.New(admin.Config{
+		Logger:    logger,
+		Gatherer:  reg,
+		Health:    admin.CheckAll(sourceHealth(d.src), admin.SyncHealth(d.tracker, time.Minute, time.Now)),
+		Table:     func() *service.Table { return d.px.Table() },
+		Conntrack: d.ct,
+		Rules:     d.rules,
+	})
+	ln, err := srv.Listen(addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { // admin server
+		defer close(done)
+		if err := srv.ServeListener(ctx, ln); err != nil {
+			logger.Error("admin server stopped", zap.Error(err))
+		}
+	}()
+	return func() { <-done }, nil
+}
+
+// sourceHealth reports the source's last error: a bad reload (the last good
+// table is still serving) or an API server outage.
+func sourceHealth(src objectSource) func() error {
+	return func() error {
+		if err := src.LastError(); err != nil {
+			return fmt.Errorf("source: %w", err)
+		}
+		return nil
+	}
+}
+
+var errNoAdmin = errors.New("no running proxy answered")

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/userproxy/userproxy/admin"
+)
+
+// runConntrack lists or flushes the conntrack table of a running proxy
+// through its admin server.
+func runConntrack(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "list" && args[0] != "flush") {
+		return errors.New("usage: userproxy conntrack list|flush [--admin-addr ADDR] [--protocol tcp|udp] [--service NS/NAME[:PORT]]")
+	}
+	verb := args[0]
+	fs := flag.NewFlagSet("conntrack "+verb, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("admin-addr", defaultAdminAddr, "admin address of the running proxy")
+	var q admin.ConntrackQuery
+	fs.StringVar(&q.Protocol, "protocol", "", "only entries of this protocol (tcp or udp)")
+	fs.StringVar(&q.Service, "service", "", "only entries of this service (ns/name) or service port (ns/name:port)")
+	fs.StringVar(&q.Endpoint, "endpoint", "", "only entries bound to this endpoint address")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if verb == "list" {
+		out, err := admin.FetchConntrack(ctx, *addr, q)
+		if err != nil {
+			return fmt.Errorf("conntrack list: %w: %w", errNoAdmin, err)
+		}
+		_, err = io.WriteString(stdout, out)
+		return err
+	}
+	n, err := admin.FlushConntrack(ctx, *addr, q)
+	if err != nil {
+		return fmt.Errorf("conntrack flush: %w: %w", errNoAdmin, err)
+	}
+	fmt.Fprintf(stdout, "userproxy: %d flow entries have been deleted.\n", n)
+	return nil
+}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/userproxy/userproxy/admin"
+	"github.com/userproxy/userproxy/service"
+	"github.com/userproxy/userproxy/source/file"
+)
+
+// runRules prints the iptables-save lines kube-proxy would write for the
+// same objects: offline from --config, or from a running proxy.
+func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("rules", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	config := fs.String("config", "", "YAML/JSON file or directory of Services and EndpointSlices (offline; else ask the running proxy)")
+	addr := fs.String("admin-addr", defaultAdminAddr, "admin address of the running proxy (without --config)")
+	format := fs.String("format", "save", "save: as iptables-save prints them on a kube-proxy node; restore: as kube-proxy writes them")
+	nodeName := fs.String("node-name", "", "node name, for internalTrafficPolicy Local (default: hostname)")
+	jump := fs.Bool("jump-rules", false, "also print the hooks from PREROUTING/OUTPUT/FORWARD (for iptables-restore into a namespace)")
+	var cidrs prefixList
+	fs.Var(&cidrs, "cluster-cidr", "pod CIDR for kube-proxy's masquerade rule (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	f, err := admin.ParseFormat(*format)
+	if err != nil {
+		return fmt.Errorf("--format: %w", err)
+	}
+	if *config == "" {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		out, err := admin.FetchRules(ctx, *addr, f, 0)
+		if err != nil {
+			return fmt.Errorf("rules: %w: %w (or give --config FILE)", errNoAdmin, err)
+		}
+		_, err = io.WriteString(stdout, out)
+		return err
+	}
+	if *nodeName == "" {
+		*nodeName, _ = os.Hostname()
+	}
+	t, err := loadTable(*config, *nodeName)
+	if err != nil {
+		return err
+	}
+	return admin.WriteRules(stdout, t, admin.RulesOptions{Format: f, ClusterCIDRs: cidrs.values, JumpRules: *jump})
+}
+
+// loadTable builds the service table of a file or directory, once.
+func loadTable(path, nodeName string) (*service.Table, error) {
+	tracker, err := service.NewTracker(service.Config{NodeName: nodeName})
+	if err != nil {
+		return nil, err
+	}
+	defer tracker.Close()
+	if err := file.New(path, tracker, zap.NewNop(), file.WithFSNotify(false), file.WithPollInterval(0)).Load(); err != nil {
+		return nil, err
+	}
+	t := tracker.Current()
+	if t == nil {
+		return nil, errors.New("rules: no service table was built")
+	}
+	return t, nil
+}

@@ -1,0 +1,258 @@
+package main
+
+// userproxy run, in order:
+//
+//  1. flags, logger;
+//  2. the conntrack table, the proxy, the service tracker (which hands each
+//     new table to the proxy);
+//  3. the source of objects: --config (file or directory) or the API server;
+//  4. the TUN device and its routes (created when missing);
+//  5. the stack over the TUN, with the proxy as admission and flow handler;
+//  6. the admin server, the conntrack sweeper;
+//  7. on SIGINT/SIGTERM: stop the source, close the stack (flows end),
+//     remove what run created, exit 0.
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/userproxy/userproxy/balancer"
+	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/netstack"
+	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/service"
+	"github.com/userproxy/userproxy/source/file"
+	"github.com/userproxy/userproxy/source/kube"
+)
+
+// defaultMTU is the MTU of a TUN device run creates: 64 KiB packets cost the
+// kernel and the stack the same per packet as 1500-byte ones, and bulk
+// transfers through the TUN ran 5.6 times faster with it (BENCHMARKS.md).
+const defaultMTU = 65520
+
+type runFlags struct {
+	config, kubeconfig string
+	tunName            string
+	mtu                int
+	serviceCIDRs       prefixList
+	nodeName, zone     string
+	adminAddr          string
+	minSyncPeriod      time.Duration
+	conntrackMax       int
+	ctEstablished      time.Duration
+	ctCloseWait        time.Duration
+	ctUDP, ctUDPStream time.Duration
+	ctLiberal          bool
+	affinityListSize   int
+	dialTimeout        time.Duration
+	log                logFlags
+}
+
+func (f *runFlags) register(fs *flag.FlagSet) {
+	host, _ := os.Hostname()
+	def := conntrack.DefaultTimeouts()
+	fs.StringVar(&f.config, "config", "", "YAML/JSON file or directory of Services and EndpointSlices (reloaded on change)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the API server to watch (in-cluster config when neither --config nor --kubeconfig is given)")
+	fs.StringVar(&f.tunName, "tun-name", "userproxy0", "TUN device (created when missing)")
+	fs.IntVar(&f.mtu, "mtu", defaultMTU, "MTU of a TUN device run creates")
+	f.serviceCIDRs.values = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
+	fs.Var(&f.serviceCIDRs, "service-cidr", "service CIDR routed into the TUN (repeatable; IPv6 too)")
+	fs.StringVar(&f.nodeName, "node-name", host, "this node's name, for internalTrafficPolicy Local and topology hints")
+	fs.StringVar(&f.zone, "zone", "", "this node's topology.kubernetes.io/zone, for zone hints (empty: hints ignored)")
+	fs.StringVar(&f.adminAddr, "admin-addr", defaultAdminAddr, "address of the admin server (/healthz, /metrics, /debug); empty disables it")
+	fs.DurationVar(&f.minSyncPeriod, "min-sync-period", service.DefaultMinSyncPeriod, "least time between two service table builds (0: build on every change)")
+	fs.IntVar(&f.conntrackMax, "conntrack-max", 0, "conntrack table size (0: 32768 per core, at least 131072, as kube-proxy)")
+	fs.DurationVar(&f.ctEstablished, "conntrack-tcp-timeout-established", def.TCPEstablished, "idle timeout of established TCP flows")
+	fs.DurationVar(&f.ctCloseWait, "conntrack-tcp-timeout-close-wait", def.TCPCloseWait, "timeout of TCP flows in CLOSE_WAIT")
+	fs.DurationVar(&f.ctUDP, "conntrack-udp-timeout", def.UDP, "timeout of UDP flows without a reply")
+	fs.DurationVar(&f.ctUDPStream, "conntrack-udp-timeout-stream", def.UDPStream, "timeout of UDP flows that saw replies")
+	fs.BoolVar(&f.ctLiberal, "conntrack-tcp-be-liberal", false, "accept out-of-window TCP segments (only out-of-window RSTs stay INVALID)")
+	fs.IntVar(&f.affinityListSize, "affinity-list-size", balancer.DefaultListSize, "clients per endpoint in ClientIP affinity lists (xt_recent ip_list_tot)")
+	fs.DurationVar(&f.dialTimeout, "dial-timeout", 5*time.Second, "timeout of a connection to an endpoint")
+	f.log.register(fs)
+}
+
+func (f *runFlags) validate() error {
+	switch {
+	case f.config != "" && f.kubeconfig != "":
+		return errors.New("--config and --kubeconfig exclude each other")
+	case f.tunName == "" || len(f.tunName) > 15:
+		return fmt.Errorf("--tun-name %q: want 1 to 15 characters", f.tunName)
+	case f.mtu < 1280 || f.mtu > 65520:
+		return fmt.Errorf("--mtu %d: want 1280..65520", f.mtu)
+	case len(f.serviceCIDRs.values) == 0:
+		return errors.New("--service-cidr: at least one is needed")
+	case f.minSyncPeriod < 0:
+		return fmt.Errorf("--min-sync-period %v is negative", f.minSyncPeriod)
+	case f.conntrackMax < 0:
+		return fmt.Errorf("--conntrack-max %d is negative", f.conntrackMax)
+	case f.ctEstablished <= 0 || f.ctCloseWait <= 0 || f.ctUDP <= 0 || f.ctUDPStream <= 0:
+		return errors.New("--conntrack-*-timeout flags must be positive")
+	case f.affinityListSize <= 0:
+		return fmt.Errorf("--affinity-list-size %d: want a positive number", f.affinityListSize)
+	case f.dialTimeout <= 0:
+		return fmt.Errorf("--dial-timeout %v: want a positive duration", f.dialTimeout)
+	}
+	return nil
+}
+
+// objectSource is what run needs of a source.
+type objectSource interface {
+	Run(ctx context.Context) error
+	LastError() error
+}
+
+func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f runFlags
+	f.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("run: unexpected arguments %v", fs.Args())
+	}
+	if err := f.validate(); err != nil {
+		return err
+	}
+	logger, err := f.log.newLogger(stderr)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = logger.Sync() }()
+	return run(ctx, &f, logger)
+}
+
+func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
+	// 2. conntrack, proxy, tracker.
+	timeouts := conntrack.DefaultTimeouts()
+	timeouts.TCPEstablished, timeouts.TCPCloseWait = f.ctEstablished, f.ctCloseWait
+	timeouts.UDP, timeouts.UDPStream = f.ctUDP, f.ctUDPStream
+	max := f.conntrackMax
+	if max == 0 {
+		max = conntrack.DefaultMax(runtime.NumCPU())
+	}
+	var px *proxy.Proxy
+	// The packet path reads a clock ticked every 10 ms (the kernel's
+	// conntrack reads jiffies) rather than the system clock per packet.
+	clock := conntrack.NewCoarseClock()
+	ct, err := conntrack.NewTable(conntrack.Config{
+		Max: max, Timeouts: timeouts, Liberal: f.ctLiberal, Clock: clock,
+		OnRemove: func(i conntrack.EntryInfo, r conntrack.RemoveReason) { px.OnConntrackRemove(i, r) },
+	})
+	if err != nil {
+		return fmt.Errorf("conntrack: %w", err)
+	}
+	px, err = proxy.New(proxy.Config{Conntrack: ct, DialTimeout: f.dialTimeout, AffinityListSize: f.affinityListSize, Logger: logger.Named("proxy")})
+	if err != nil {
+		return err
+	}
+	var synced sync.Once
+	firstSync := make(chan struct{})
+	tracker, err := service.NewTracker(service.Config{
+		NodeName: f.nodeName, Zone: f.zone, MinSyncPeriod: f.minSyncPeriod,
+		OnSync: func(t *service.Table, c service.Changes) {
+			px.SetTable(t, c)
+			synced.Do(func() { close(firstSync) })
+			if ce := logger.Check(zap.DebugLevel, "service table live"); ce != nil {
+				ce.Write(zap.Int("servicePorts", t.Len()), zap.Int("changedPorts", len(c.Ports)))
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	defer tracker.Close()
+
+	// 3. The source. A bad config at start is fatal, with file, document
+	// and field named.
+	src, err := newSource(f, tracker, logger)
+	if err != nil {
+		return err
+	}
+
+	// 4, 5. The TUN and the stack.
+	tun, err := openTUN(f.tunName, f.mtu, f.serviceCIDRs.values, logger.Named("tun"))
+	if err != nil {
+		return err
+	}
+	defer tun.close()
+	st, err := netstack.New(netstack.Options{Link: tun.link, Conntrack: ct, Admit: px.Admit, Logger: logger.Named("netstack")})
+	if err != nil {
+		return err
+	}
+	defer st.Close() // runs before tun.close: flows end, then routes go
+	st.SetFlowHandler(px)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	srcErr := make(chan error, 1)
+	wg.Add(3)
+	go func() { defer wg.Done(); srcErr <- src.Run(ctx) }()
+	go func() { defer wg.Done(); px.Run(ctx, time.Second) }()
+	go func() { defer wg.Done(); tickClock(ctx, clock) }()
+
+	// 6. The admin server.
+	if f.adminAddr != "" {
+		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync}, logger.Named("admin"))
+		if err != nil {
+			return err
+		}
+		defer stopAdmin()
+	}
+	logger.Info("userproxy running", zap.String("tun", tun.name), zap.Stringer("serviceCIDRs", &f.serviceCIDRs),
+		zap.String("node", f.nodeName), zap.String("admin", f.adminAddr))
+
+	// 7. Until a signal, or the source fails for good.
+	select {
+	case <-ctx.Done():
+		logger.Info("shutting down")
+	case err := <-srcErr:
+		if err != nil {
+			return fmt.Errorf("source: %w", err)
+		}
+	}
+	return nil
+}
+
+func newSource(f *runFlags, h service.Handler, logger *zap.Logger) (objectSource, error) {
+	if f.config != "" {
+		s := file.New(f.config, h, logger.Named("file"))
+		if err := s.Load(); err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	client, err := kube.NewClient(f.kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("API server: %w", err)
+	}
+	return kube.New(client, h, logger.Named("kube")), nil
+}
+
+// tickClock advances the conntrack clock every 10 ms until ctx is done.
+func tickClock(ctx context.Context, c *conntrack.CoarseClock) { // conntrack clock ticker
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c.Tick()
+		}
+	}
+}

@@ -1,0 +1,237 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/user"
+	"strconv"
+
+	"github.com/songgao/water"
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/userproxy/userproxy/netstack"
+)
+
+// tunDevice is the TUN the proxy reads, and what run created so that it can
+// remove exactly that on exit.
+type tunDevice struct {
+	link    *netstack.Link
+	name    string
+	routes  []netlink.Route // routes run added (removed on exit)
+	created bool            // run created the device (it goes when closed)
+	logger  *zap.Logger
+}
+
+// openTUN opens the TUN device name, creating it when missing (root), and
+// adds the routes of cidrs that are missing. A persistent device made by
+// `userproxy setup` is opened as is, without privileges.
+func openTUN(name string, mtu int, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
+	d := &tunDevice{name: name, logger: logger}
+	existing, err := netlink.LinkByName(name)
+	if err != nil {
+		var notFound netlink.LinkNotFoundError
+		if !errors.As(err, &notFound) {
+			return nil, fmt.Errorf("looking up device %q: %w", name, err)
+		}
+		existing = nil
+	}
+	if existing != nil {
+		if !isTUN(existing) {
+			return nil, fmt.Errorf("device %q exists and is a %s, not a TUN device", name, existing.Type())
+		}
+		mtu = existing.Attrs().MTU
+	} else {
+		d.created = true
+	}
+	// A device that exists stays as persistent as it was (water sets the
+	// flag on every open).
+	persistent := existing != nil && isPersistent(existing)
+	d.link, err = netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu), Persistent: persistent})
+	if err != nil {
+		if existing == nil && errors.Is(err, os.ErrPermission) {
+			return nil, fmt.Errorf("%w (creating a TUN device needs root or CAP_NET_ADMIN; or run `sudo userproxy setup --user $USER` once)", err)
+		}
+		return nil, err
+	}
+	if d.created {
+		if err := configureNewTUN(name, mtu); err != nil {
+			d.close()
+			return nil, err
+		}
+	}
+	if err := d.addRoutes(cidrs); err != nil {
+		d.close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// configureNewTUN prepares a device run or setup just created: IPv6 without
+// duplicate address detection or a link-local address (the kernel would hold
+// IPv6 output until DAD finished), the MTU, and up.
+func configureNewTUN(name string, mtu int) error {
+	for _, kv := range [][2]string{{"addr_gen_mode", "1"}, {"accept_dad", "0"}} {
+		p := "/proc/sys/net/ipv6/conf/" + name + "/" + kv[0]
+		if err := os.WriteFile(p, []byte(kv[1]), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("device %q: writing %s: %w", name, p, err)
+		}
+	}
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("device %q: %w", name, err)
+	}
+	if err := netlink.LinkSetMTU(l, mtu); err != nil {
+		return fmt.Errorf("device %q: setting MTU %d: %w", name, mtu, err)
+	}
+	if err := netlink.LinkSetUp(l); err != nil {
+		return fmt.Errorf("device %q: setting it up: %w", name, err)
+	}
+	return nil
+}
+
+// addRoutes routes each CIDR into the device unless such a route exists
+// (as after `userproxy setup`, when run has no privilege to add one).
+func (d *tunDevice) addRoutes(cidrs []netip.Prefix) error {
+	l, err := netlink.LinkByName(d.name)
+	if err != nil {
+		return fmt.Errorf("device %q: %w", d.name, err)
+	}
+	have := map[string]bool{}
+	existing, err := netlink.RouteList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("listing the routes of %q: %w", d.name, err)
+	}
+	for _, r := range existing {
+		if r.Dst != nil {
+			have[r.Dst.String()] = true
+		}
+	}
+	for _, p := range cidrs {
+		dst := prefixNet(p)
+		if have[dst.String()] {
+			continue
+		}
+		r := netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst}
+		if err := netlink.RouteAdd(&r); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				continue
+			}
+			if errors.Is(err, unix.EPERM) {
+				return fmt.Errorf("adding route %s dev %s: %w (run as root, or add it with `sudo userproxy setup --service-cidr %s ...`)", p, d.name, err, p)
+			}
+			return fmt.Errorf("adding route %s dev %s: %w", p, d.name, err)
+		}
+		d.routes = append(d.routes, r)
+		d.logger.Info("route added", zap.Stringer("cidr", p), zap.String("dev", d.name))
+	}
+	return nil
+}
+
+// close removes the routes run added and closes the device (a device run
+// created disappears with its last descriptor, and its routes with it).
+func (d *tunDevice) close() {
+	for i := range d.routes {
+		if err := netlink.RouteDel(&d.routes[i]); err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENODEV) {
+			d.logger.Warn("removing route", zap.Stringer("cidr", d.routes[i].Dst), zap.Error(err))
+		}
+	}
+	d.routes = nil
+}
+
+// grantTUNAccess makes /dev/net/tun usable by unprivileged users (mode
+// 0666, the usual distribution default, which opening a device owned by
+// the user also needs); it says so when it changes anything.
+func grantTUNAccess(logger *zap.Logger) error {
+	const dev = "/dev/net/tun"
+	fi, err := os.Stat(dev)
+	if err != nil {
+		return fmt.Errorf("%s: %w", dev, err)
+	}
+	if fi.Mode().Perm()&0o006 == 0o006 {
+		return nil
+	}
+	if err := os.Chmod(dev, fi.Mode().Perm()|0o666); err != nil {
+		return fmt.Errorf("making %s usable by users: %w", dev, err)
+	}
+	logger.Warn("made /dev/net/tun readable and writable by all users (mode 0666, the usual default); unprivileged users can open only TUN devices they own",
+		zap.String("previousMode", fi.Mode().Perm().String()))
+	return nil
+}
+
+// isPersistent reports whether a TUN device outlives its descriptors.
+func isPersistent(l netlink.Link) bool {
+	t, ok := l.(*netlink.Tuntap)
+	return ok && !t.NonPersist
+}
+
+// isTUN reports whether l is a TUN (not TAP) device.
+func isTUN(l netlink.Link) bool {
+	t, ok := l.(*netlink.Tuntap)
+	return ok && t.Mode == netlink.TUNTAP_MODE_TUN
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// setupTUN creates (or, with remove, deletes) the persistent TUN device for
+// an unprivileged user: owned by the user, configured, up, with the routes.
+func setupTUN(name, userName string, mtu int, cidrs []netip.Prefix, remove bool, logger *zap.Logger) error {
+	if remove {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("device %q: %w", name, err)
+		}
+		if !isTUN(l) {
+			return fmt.Errorf("device %q is a %s, not a TUN device; not removing it", name, l.Type())
+		}
+		if err := netlink.LinkDel(l); err != nil {
+			return fmt.Errorf("removing device %q: %w", name, err)
+		}
+		logger.Info("device removed", zap.String("dev", name))
+		return nil
+	}
+	u, err := user.Lookup(userName)
+	if err != nil {
+		return fmt.Errorf("--user %q: %w", userName, err)
+	}
+	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return fmt.Errorf("--user %q: uid %q: %w", userName, u.Uid, err)
+	}
+	gid, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return fmt.Errorf("--user %q: gid %q: %w", userName, u.Gid, err)
+	}
+	if _, err := netlink.LinkByName(name); err == nil {
+		return fmt.Errorf("device %q already exists (remove it with `userproxy setup --remove --tun-name %s`)", name, name)
+	}
+	if err := grantTUNAccess(logger); err != nil {
+		return err
+	}
+	cfg := water.Config{DeviceType: water.TUN}
+	cfg.Name = name
+	cfg.Persist = true
+	cfg.Permissions = &water.DevicePermissions{Owner: uint(uid), Group: uint(gid)}
+	ifce, err := water.New(cfg)
+	if err != nil {
+		return fmt.Errorf("creating persistent TUN device %q: %w", name, err)
+	}
+	if err := ifce.Close(); err != nil {
+		return fmt.Errorf("device %q: %w", name, err)
+	}
+	if err := configureNewTUN(name, mtu); err != nil {
+		return err
+	}
+	d := &tunDevice{name: name, logger: logger}
+	if err := d.addRoutes(cidrs); err != nil {
+		return err
+	}
+	logger.Info("persistent TUN device ready", zap.String("dev", name), zap.String("owner", userName), zap.Int("mtu", mtu))
+	return nil
+}

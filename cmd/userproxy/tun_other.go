@@ -1,0 +1,59 @@
+//go:build !linux
+
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+
+	"go.uber.org/zap"
+
+	"github.com/userproxy/userproxy/netstack"
+)
+
+// tunDevice is the TUN the proxy reads (macOS: a utun device the system
+// names), and the routes run added.
+type tunDevice struct {
+	link   *netstack.Link
+	name   string
+	routes []netip.Prefix
+	logger *zap.Logger
+}
+
+// openTUN opens a utun device and routes cidrs into it with route(8). This
+// path compiles and is meant for macOS; it is not tested in CI.
+func openTUN(name string, mtu int, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
+	link, err := netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu)})
+	if err != nil {
+		return nil, err
+	}
+	d := &tunDevice{link: link, name: link.Name(), logger: logger}
+	for _, p := range cidrs {
+		family := "-inet"
+		if p.Addr().Is6() {
+			family = "-inet6"
+		}
+		out, err := exec.Command("route", "-n", "add", family, "-net", p.String(), "-interface", d.name).CombinedOutput()
+		if err != nil {
+			d.close()
+			return nil, fmt.Errorf("route add %s -interface %s: %v: %s", p, d.name, err, out)
+		}
+		d.routes = append(d.routes, p)
+	}
+	return d, nil
+}
+
+func (d *tunDevice) close() {
+	for _, p := range d.routes {
+		if out, err := exec.Command("route", "-n", "delete", "-net", p.String()).CombinedOutput(); err != nil {
+			d.logger.Warn("removing route", zap.Stringer("cidr", p), zap.Error(err), zap.ByteString("output", out))
+		}
+	}
+	d.routes = nil
+}
+
+func setupTUN(name, userName string, mtu int, cidrs []netip.Prefix, remove bool, logger *zap.Logger) error {
+	return errors.New("userproxy setup: persistent TUN devices are a Linux feature")
+}

@@ -1,0 +1,468 @@
+//go:build linux
+
+package integration
+
+// The real binary, end to end (root; everything in namespaces the tests
+// create): userproxy run from --config, traffic to a TCP and a UDP service, a
+// config change, a corrupt config, the conntrack CLI, /metrics after a stray
+// ACK, SIGTERM; and userproxy setup followed by run as an unprivileged user.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/userproxy/userproxy/conntrack"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+	binDir    string
+)
+
+// userproxyBinary builds cmd/userproxy once per test process into a
+// directory any user may read.
+func userproxyBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "userproxy-bin-")
+		if buildErr != nil {
+			return
+		}
+		if buildErr = os.Chmod(binDir, 0o755); buildErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "userproxy")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/userproxy/userproxy/cmd/userproxy").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// binNS is a namespace prepared for the binary: loopback up, a client
+// address, and endpoints on loopback.
+type binNS struct {
+	t    *testing.T
+	ns   netns.NsHandle
+	name string
+	c    *nsClient
+}
+
+func newBinNS(t *testing.T) *binNS {
+	ns, name := newNetNS(t)
+	err := inNS(ns, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		return netlink.AddrAdd(lo, &netlink.Addr{IPNet: prefixNet(tunClient4)})
+	})
+	if err != nil {
+		t.Fatalf("preparing namespace %s: %v", name, err)
+	}
+	c := &nsClient{ns: ns, work: make(chan func())}
+	startWorkers(t, c)
+	return &binNS{t: t, ns: ns, name: name, c: c}
+}
+
+// tcpEndpoint listens on 127.0.0.1 inside the namespace and answers name.
+func (b *binNS) tcpEndpoint(name string) netip.AddrPort {
+	var ln net.Listener
+	if err := b.c.run(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
+		b.t.Fatal(err)
+	}
+	return serveTCP(b.t, ln, nameServer(name)).addr
+}
+
+// udpEcho answers datagrams on 127.0.0.1 inside the namespace.
+func (b *binNS) udpEcho() netip.AddrPort {
+	var pc net.PacketConn
+	if err := b.c.run(func() (err error) { pc, err = net.ListenPacket("udp", "127.0.0.1:0"); return err }); err != nil {
+		b.t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(append([]byte("echo:"), buf[:n]...), from)
+		}
+	}()
+	b.t.Cleanup(func() { pc.Close(); wg.Wait() })
+	return pc.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// get fetches an admin URL from inside the namespace.
+func (b *binNS) get(path string) (int, string, error) {
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return b.c.dial(network, addr)
+		},
+	}}
+	resp, err := client.Get("http://127.0.0.1:10249" + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+// fetchName connects to addr and returns what the endpoint says.
+func (b *binNS) fetchName(addr string) (string, error) {
+	c, err := b.c.dial("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(c)
+	return string(got), err
+}
+
+// proc is a running userproxy.
+type proc struct {
+	cmd    *exec.Cmd
+	exited chan error
+	out    *strings.Builder
+}
+
+func startProc(t *testing.T, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(args[0], args[1:]...), exited: make(chan error, 1), out: &strings.Builder{}}
+	w := &lockedWriter{b: p.out}
+	p.cmd.Stdout, p.cmd.Stderr = w, w
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("userproxy output:\n%s", w.String())
+		}
+	})
+	return p
+}
+
+// stop sends SIGTERM and returns the exit error (nil for status 0).
+func (p *proc) stop(t *testing.T) error {
+	t.Helper()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.exited:
+		return err
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		return errors.New("userproxy did not exit within 15 s of SIGTERM")
+	}
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	b  *strings.Builder
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *lockedWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+func (b *binNS) waitHealthy(p *proc) {
+	b.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body, err := b.get("/healthz")
+		if err == nil && code == http.StatusOK {
+			return
+		}
+		select {
+		case err := <-p.exited:
+			b.t.Fatalf("userproxy exited before it was healthy: %v", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("not healthy after 30 s: %d %q %v", code, body, err)
+		}
+	}
+}
+
+// quickConfig writes a config: web (TCP 10.96.0.10:80) with the given
+// endpoint, dns (UDP 10.96.0.53:53) with the UDP endpoint.
+func quickConfig(web, dns netip.AddrPort) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10]
+  ports: [{name: http, protocol: TCP, port: 80, targetPort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints: [{addresses: [%s]}]
+ports: [{name: http, protocol: TCP, port: %d}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: default}
+spec:
+  clusterIP: 10.96.0.53
+  clusterIPs: [10.96.0.53]
+  ports: [{name: dns, protocol: UDP, port: 53, targetPort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dns-1, namespace: default, labels: {kubernetes.io/service-name: dns}}
+addressType: IPv4
+endpoints: [{addresses: [%s]}]
+ports: [{name: dns, protocol: UDP, port: %d}]
+`, web.Port(), web.Addr(), web.Port(), dns.Port(), dns.Addr(), dns.Port())
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	// Write then rename, as editors and config managers do.
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBinaryRun(t *testing.T) {
+	requireRoot(t)
+	bin := userproxyBinary(t)
+	b := newBinNS(t)
+	epA, epB, dns := b.tcpEndpoint("a"), b.tcpEndpoint("b"), b.udpEcho()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "services.yaml")
+	writeFile(t, cfg, quickConfig(epA, dns))
+
+	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxbin0",
+		"--min-sync-period", "0", "--log-format", "json", "--log-level", "info")
+	b.waitHealthy(p)
+
+	// TCP and UDP services.
+	if got, err := b.fetchName("10.96.0.10:80"); err != nil || got != "a" {
+		t.Fatalf("TCP service: %q, %v", got, err)
+	}
+	var uc net.Conn
+	if err := b.c.run(func() (err error) { uc, err = net.Dial("udp", "10.96.0.53:53"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	_, _ = uc.Write([]byte("hi"))
+	_ = uc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 64)
+	if n, err := uc.Read(buf); err != nil || string(buf[:n]) != "echo:hi" {
+		t.Fatalf("UDP service: %q, %v", buf[:n], err)
+	}
+
+	// A change to the file takes effect within 2 s.
+	writeFile(t, cfg, quickConfig(epB, dns))
+	changed := time.Now()
+	for {
+		if got, _ := b.fetchName("10.96.0.10:80"); got == "b" {
+			break
+		}
+		if time.Since(changed) > 2*time.Second {
+			t.Fatal("the changed endpoint was not used within 2 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("config change live after %v", time.Since(changed))
+
+	// A corrupt file: the last good table keeps serving, /healthz says why.
+	writeFile(t, cfg, "apiVersion: v1\nkind: Service\nmetadata: {name: web\n")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, body, _ := b.get("/healthz")
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "services.yaml") {
+			t.Logf("/healthz: %s", strings.TrimSpace(body))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz did not report the corrupt file: %d %q", code, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, err := b.fetchName("10.96.0.10:80"); err != nil || got != "b" {
+		t.Fatalf("after a corrupt reload the last good table should serve: %q, %v", got, err)
+	}
+
+	// The conntrack CLI lists the flows.
+	out, err := exec.Command("ip", "netns", "exec", b.name, bin, "conntrack", "list", "--protocol", "tcp").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "dst=10.96.0.10") || !strings.Contains(string(out), "dport=80") {
+		t.Fatalf("conntrack list: %v\n%s", err, out)
+	}
+
+	// A stray ACK is counted as INVALID in /metrics.
+	if err := b.c.inject(tcpSegment(tunClient4.Addr(), 40001, netip.MustParseAddr("10.96.0.10"), 80, flagACK, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`userproxy_conntrack_invalid_packets_total{reason="%s"} 1`, conntrack.ReasonNoEntryNotSYN)
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		_, body, _ := b.get("/metrics")
+		if strings.Contains(body, want) && metricValue(body, "userproxy_ct_state_invalid_dropped_packets_total") >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics lacks %q", want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// SIGTERM: exit 0, no TUN and no route left behind.
+	if err := p.stop(t); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	if err := inNS(b.ns, func() error {
+		if _, err := netlink.LinkByName("upxbin0"); err == nil {
+			return errors.New("the TUN device is still there")
+		}
+		routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+		if err != nil {
+			return err
+		}
+		for _, r := range routes {
+			if r.Dst != nil && r.Dst.String() == "10.96.0.0/12" {
+				return fmt.Errorf("route %v is still there", r.Dst)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// metricValue returns the value of an unlabelled metric in a scrape, or -1.
+func metricValue(body, name string) float64 {
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
+}
+
+// After `userproxy setup --user U`, U runs the proxy without privileges.
+func TestBinarySetupUnprivileged(t *testing.T) {
+	requireRoot(t)
+	for _, tool := range []string{"useradd", "userdel", "nsenter"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("needs %s", tool)
+		}
+	}
+	bin := userproxyBinary(t)
+	// setup may open up /dev/net/tun (mode 0666); put it back afterwards.
+	if fi, err := os.Stat("/dev/net/tun"); err == nil {
+		t.Cleanup(func() { _ = os.Chmod("/dev/net/tun", fi.Mode().Perm()) })
+	}
+	name := fmt.Sprintf("upxt%d", os.Getpid()%100000)
+	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
+		t.Fatalf("useradd: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("userdel", name).Run() })
+	u, err := user.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	b := newBinNS(t)
+	ep, dns := b.tcpEndpoint("a"), b.udpEcho()
+	// A directory the unprivileged user can read (t.TempDir's parent is
+	// private to root).
+	dir, err := os.MkdirTemp("", "userproxy-setup-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "services.yaml")
+	writeFile(t, cfg, quickConfig(ep, dns))
+
+	if out, err := exec.Command("ip", "netns", "exec", b.name, bin, "setup", "--user", name, "--tun-name", "upxu0").CombinedOutput(); err != nil {
+		t.Fatalf("setup: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		_ = exec.Command("ip", "netns", "exec", b.name, bin, "setup", "--remove", "--tun-name", "upxu0").Run()
+	})
+
+	p := startProc(t, "nsenter", "--net=/var/run/netns/"+b.name, "--setuid", u.Uid, "--setgid", u.Gid,
+		bin, "run", "--config", cfg, "--tun-name", "upxu0", "--min-sync-period", "0")
+	b.waitHealthy(p)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(status), "\nUid:\t"+u.Uid+"\t") {
+		t.Fatalf("userproxy is not running as %s:\n%s", name, status)
+	}
+	if got, err := b.fetchName("10.96.0.10:80"); err != nil || got != "a" {
+		t.Fatalf("TCP service as %s: %q, %v", name, got, err)
+	}
+	if err := p.stop(t); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	// The persistent device survives run; setup --remove takes it away.
+	if out, err := exec.Command("ip", "netns", "exec", b.name, bin, "setup", "--remove", "--tun-name", "upxu0").CombinedOutput(); err != nil {
+		t.Fatalf("setup --remove: %v: %s", err, out)
+	}
+}

@@ -61,6 +61,10 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 	p.stats.count(conntrack.TCP, ResultProxied)
 
 	p.ct.Bind(tuple, endpoint, port.Name.String()) // 4
+	if ce := p.logger.Check(zap.DebugLevel, "TCP flow started"); ce != nil {
+		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
+			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
+	}
 	s := &splice{client: client, backend: backend, proxy: p}
 	f := &flow{close: s.abort}
 	p.register(tuple, f)

@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"go.uber.org/zap"
+
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/service"
@@ -56,6 +58,10 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 	p.stats.count(conntrack.UDP, ResultProxied)
 
 	p.ct.Bind(tuple, endpoint, port.Name.String()) // 3
+	if ce := p.logger.Check(zap.DebugLevel, "UDP flow started"); ce != nil {
+		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
+			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
+	}
 	var once sync.Once
 	var removed atomic.Bool
 	closeBoth := func() {

@@ -84,7 +84,7 @@ type logFlags struct {
 
 func (l *logFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn, error")
-	fs.StringVar(&l.format, "log-format", "console", "log format: json or console")
+	fs.StringVar(&l.format, "log-format", "", "log format: json or console (default: console on a terminal, json otherwise)")
 }
 
 // newLogger builds the process logger, writing to w.
@@ -95,8 +95,17 @@ func (l *logFlags) newLogger(w io.Writer) (*zap.Logger, error) {
 	}
 	encCfg := zap.NewProductionEncoderConfig()
 	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
+	format := l.format
+	if format == "" {
+		format = "json"
+		if f, ok := w.(*os.File); ok {
+			if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+				format = "console"
+			}
+		}
+	}
 	var enc zapcore.Encoder
-	switch l.format {
+	switch format {
 	case "json":
 		enc = zapcore.NewJSONEncoder(encCfg)
 	case "console":

@@ -36,8 +36,9 @@ darwin: ## cross-compile for macOS
 integration: ## the root-only tests in integration/ (real TUN, namespaces)
 	$(GO) test -race -count=1 -v ./integration/...
 
-bench: ## the benchmarks with real figures (see BENCHMARKS.md)
+bench: ## the benchmarks with real figures (see BENCHMARKS.md); the datapath ones need root
 	$(GO) test -run='^$$' -bench=. -benchmem -count=5 ./balancer/ ./conntrack/ ./service/
+	$(GO) test -run='^$$' -bench=. -benchtime=2s ./integration/
 
 FUZZTIME ?= 30s
 fuzz: ## run each fuzzer for FUZZTIME (default 30s)

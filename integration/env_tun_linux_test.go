@@ -154,17 +154,22 @@ func (tunEnv) start(t testing.TB, seed uint64) (*rig, client) {
 	return r, c
 }
 
+// nsWorkers is the number of client threads in a namespace: as many as the
+// benchmarks' concurrent clients, since a dial holds its thread until the
+// handshake completes.
+const nsWorkers = 64
+
 // startWorkers starts the client's namespace threads, stopped when the test
 // ends.
 func startWorkers(t testing.TB, c *nsClient) {
 	t.Helper()
-	ready := make(chan error, 8)
-	for range 8 {
+	ready := make(chan error, nsWorkers)
+	for range nsWorkers {
 		c.wg.Add(1)
 		go c.worker(ready)
 	}
 	t.Cleanup(func() { close(c.work); c.wg.Wait() })
-	for range 8 {
+	for range nsWorkers {
 		if err := <-ready; err != nil {
 			t.Fatalf("namespace worker: %v", err)
 		}

@@ -500,10 +500,8 @@ func (f failWriter) Write([]byte) (int, error) { return 0, f.err }
 // TestWriteRulesIptablesRoundTrip feeds both formats to the real
 // iptables-restore in a network namespace of its own and checks that
 // iptables-save prints FormatSave back, line for line. It needs root,
-// unshare(1) and iptables; without them it is skipped.
-//
-// It needs root and the iptables tools; without them it skips, except under
-// CI (CI=1), where it fails: CI is root and installs them.
+// unshare(1) and iptables; without them it skips, except under CI (CI=1),
+// where it fails: CI is root and installs them.
 func TestWriteRulesIptablesRoundTrip(t *testing.T) {
 	skip := t.Skipf
 	if os.Getenv("CI") != "" {

@@ -55,6 +55,9 @@ type runFlags struct {
 	ctLiberal          bool
 	affinityListSize   int
 	dialTimeout        time.Duration
+	maxInFlight        int
+	maxInFlightClient  int
+	maxUDPSessions     int
 	log                logFlags
 }
 
@@ -79,6 +82,9 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.ctLiberal, "conntrack-tcp-be-liberal", false, "accept out-of-window TCP segments (only out-of-window RSTs stay INVALID)")
 	fs.IntVar(&f.affinityListSize, "affinity-list-size", balancer.DefaultListSize, "clients per endpoint in ClientIP affinity lists (xt_recent ip_list_tot)")
 	fs.DurationVar(&f.dialTimeout, "dial-timeout", 5*time.Second, "timeout of a connection to an endpoint")
+	fs.IntVar(&f.maxInFlight, "max-inflight", 1024, "TCP handshakes waiting for their endpoint at once; further SYNs are dropped (counted)")
+	fs.IntVar(&f.maxInFlightClient, "max-inflight-per-client", 128, "one client address's share of --max-inflight")
+	fs.IntVar(&f.maxUDPSessions, "max-udp-sessions", 65536, "concurrent UDP flows; further flows are refused (counted as table_full)")
 	f.log.register(fs)
 }
 
@@ -102,6 +108,8 @@ func (f *runFlags) validate() error {
 		return fmt.Errorf("--affinity-list-size %d: want a positive number", f.affinityListSize)
 	case f.dialTimeout <= 0:
 		return fmt.Errorf("--dial-timeout %v: want a positive duration", f.dialTimeout)
+	case f.maxInFlight <= 0 || f.maxInFlightClient <= 0 || f.maxUDPSessions <= 0:
+		return errors.New("--max-inflight, --max-inflight-per-client and --max-udp-sessions must be positive")
 	}
 	return nil
 }
@@ -154,7 +162,8 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("conntrack: %w", err)
 	}
-	px, err = proxy.New(proxy.Config{Conntrack: ct, DialTimeout: f.dialTimeout, AffinityListSize: f.affinityListSize, Logger: logger.Named("proxy")})
+	px, err = proxy.New(proxy.Config{Conntrack: ct, DialTimeout: f.dialTimeout, AffinityListSize: f.affinityListSize,
+		MaxUDPSessions: f.maxUDPSessions, Logger: logger.Named("proxy")})
 	if err != nil {
 		return err
 	}
@@ -188,7 +197,8 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		return err
 	}
 	defer tun.close()
-	st, err := netstack.New(netstack.Options{Link: tun.link, Conntrack: ct, Admit: px.Admit, Logger: logger.Named("netstack")})
+	st, err := netstack.New(netstack.Options{Link: tun.link, Conntrack: ct, Admit: px.Admit, Logger: logger.Named("netstack"),
+		MaxInFlight: f.maxInFlight, MaxInFlightPerClient: f.maxInFlightClient})
 	if err != nil {
 		return err
 	}

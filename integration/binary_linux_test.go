@@ -466,3 +466,46 @@ func TestBinarySetupUnprivileged(t *testing.T) {
 		t.Fatalf("setup --remove: %v: %s", err, out)
 	}
 }
+
+// SIGTERM half-closes idle flows: the client reads EOF (a FIN), not a
+// reset, and the proxy exits 0 once the client has closed.
+func TestBinaryGracefulShutdown(t *testing.T) {
+	requireRoot(t)
+	bin := userproxyBinary(t)
+	b := newBinNS(t)
+	var ln net.Listener
+	if err := b.c.run(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	// The endpoint waits for the client's FIN, then closes.
+	idle := serveTCP(t, ln, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) }).addr
+	cfg := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, cfg, quickConfig(idle, b.udpEcho()))
+	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxgr0", "--min-sync-period", "0")
+	b.waitHealthy(p)
+
+	c, err := b.c.dial("tcp", "10.96.0.10:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitFor(t, "the flow to be proxied", func() bool {
+		_, body, _ := b.get("/metrics")
+		return strings.Contains(body, `userproxy_flows_total{protocol="tcp",result="proxied"} 1`)
+	})
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := c.Read(make([]byte, 1))
+	if n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("idle client after SIGTERM: read %d bytes, %v; want EOF (a FIN, not a reset)", n, err)
+	}
+	c.Close()
+	select {
+	case err := <-p.exited:
+		if err != nil {
+			t.Fatalf("exit: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("userproxy did not exit after SIGTERM")
+	}
+}

@@ -75,6 +75,7 @@ type Proxy struct {
 
 	udpSessions atomic.Int64
 	stats       counters
+	closing     atomic.Bool
 }
 
 var _ netstack.FlowHandler = (*Proxy)(nil)
@@ -188,6 +189,9 @@ func (p *Proxy) newPicker(port *service.Port) *balancer.Picker {
 
 // Admit is the gate's admission function (step 1).
 func (p *Proxy) Admit(flow conntrack.Tuple) netstack.Decision {
+	if p.closing.Load() {
+		return netstack.Reject
+	}
 	proto := service.TCP
 	if flow.Proto() == conntrack.UDP {
 		proto = service.UDP
@@ -258,6 +262,37 @@ func (p *Proxy) Run(ctx context.Context, interval time.Duration) {
 type flow struct {
 	id    uint64 // the conntrack entry's ID, 0 if unknown
 	close func()
+	drain func() // half-closes both sides (TCP); nil for UDP
+}
+
+// Shutdown stops admitting flows (new ones are rejected), half-closes every
+// TCP flow both ways so that peers see a FIN rather than a RST, closes UDP
+// flows, and waits until the flows have ended or ctx is done. The caller
+// then closes the stack, which resets whatever is left.
+func (p *Proxy) Shutdown(ctx context.Context) {
+	p.closing.Store(true)
+	p.flowsMu.Lock()
+	flows := make([]*flow, 0, len(p.flows))
+	for _, f := range p.flows {
+		flows = append(flows, f)
+	}
+	p.flowsMu.Unlock()
+	for _, f := range flows {
+		if f.drain != nil {
+			f.drain()
+		} else {
+			f.close()
+		}
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for p.Flows() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func (p *Proxy) register(t conntrack.Tuple, f *flow) {

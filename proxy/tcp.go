@@ -66,7 +66,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
 	}
 	s := &splice{client: client, backend: backend, proxy: p}
-	f := &flow{close: s.abort}
+	f := &flow{close: s.abort, drain: s.drain}
 	p.register(tuple, f)
 	defer p.unregister(tuple, f)
 
@@ -137,6 +137,14 @@ func (s *splice) copy(dst, src net.Conn, dir int) error {
 		}
 		s.abort()
 		return rerr
+	}
+}
+
+// drain half-closes both sides: each peer gets a FIN and may finish.
+func (s *splice) drain() {
+	_ = s.client.CloseWrite()
+	if hc, ok := s.backend.(halfCloser); ok {
+		_ = hc.CloseWrite()
 	}
 }
 

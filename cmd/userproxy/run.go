@@ -9,7 +9,8 @@ package main
 //  4. the TUN device and its routes (created when missing);
 //  5. the stack over the TUN, with the proxy as admission and flow handler;
 //  6. the admin server, the conntrack sweeper;
-//  7. on SIGINT/SIGTERM: stop the source, close the stack (flows end),
+//  7. on SIGINT/SIGTERM: stop admitting, half-close every flow (FIN, not
+//     RST) and wait up to shutdownGrace, stop the source, close the stack,
 //     remove what run created, exit 0.
 
 import (
@@ -229,14 +230,23 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	// 7. Until a signal, or the source fails for good.
 	select {
 	case <-ctx.Done():
-		logger.Info("shutting down")
+		logger.Info("shutting down: draining flows", zap.Int("flows", px.Flows()))
 	case err := <-srcErr:
 		if err != nil {
 			return fmt.Errorf("source: %w", err)
 		}
 	}
+	// Stop admitting, send FINs, give the peers a moment to finish; the
+	// deferred Close of the stack resets whatever is left.
+	drain, cancelDrain := context.WithTimeout(context.Background(), shutdownGrace)
+	px.Shutdown(drain)
+	cancelDrain()
 	return nil
 }
+
+// shutdownGrace bounds how long SIGTERM waits for flows to finish after
+// their FINs.
+const shutdownGrace = 3 * time.Second
 
 func newSource(f *runFlags, h service.Handler, logger *zap.Logger) (objectSource, error) {
 	if f.config != "" {

@@ -186,4 +186,3 @@ func peakRSS() string {
 	}
 	return "unknown"
 }
-

@@ -1,0 +1,245 @@
+//go:build linux
+
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/userproxy/userproxy/conntrack"
+)
+
+// Endpoint churn: every 100 ms an endpoint of a TCP and a UDP service leaves
+// or comes back, for a minute (10 s with -short), while 50 clients keep long
+// TCP streams and 10 UDP flows run. No TCP flow may be cut (kube-proxy keeps
+// established flows to removed endpoints, and ours keep running); a UDP flow
+// whose endpoint left must reach a live endpoint with its next datagram; no
+// goroutines or file descriptors may be left over.
+func TestEndpointChurn(t *testing.T) {
+	requireRoot(t)
+	duration := time.Minute
+	if testing.Short() {
+		duration = 10 * time.Second
+	}
+	h, cl := tunEnv{}.start(t, testSeed(t, 21))
+
+	// Six TCP echo endpoints and six UDP echo endpoints; the first two of
+	// each never leave.
+	const n = 6
+	tcpEPs := make([]netip.AddrPort, n)
+	udpEPs := make([]netip.AddrPort, n)
+	for i := range n {
+		name := fmt.Sprintf("ep%d", i)
+		tcpEPs[i] = startTCPBackend(t, "127.0.0.1", lineEcho(name)).addr
+		udpEPs[i] = startUDPEcho(t, name)
+	}
+	active := make([]bool, n)
+	for i := range active {
+		active[i] = true
+	}
+	// One slice per endpoint (their ports differ): an endpoint leaves or
+	// returns with its slices.
+	set := func(i int, on bool) {
+		tcp := epSlice(fmt.Sprintf("churn-tcp-%d", i), "churn", v1.ProtocolTCP, tcpEPs[i])
+		udp := epSlice(fmt.Sprintf("churn-udp-%d", i), "churn", v1.ProtocolUDP, udpEPs[i])
+		if on {
+			h.tracker.OnEndpointSliceAdd(tcp)
+			h.tracker.OnEndpointSliceAdd(udp)
+		} else {
+			h.tracker.OnEndpointSliceDelete(tcp)
+			h.tracker.OnEndpointSliceDelete(udp)
+		}
+	}
+	h.tracker.OnServiceAdd(&v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "churn"},
+		Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.20", ClusterIPs: []string{"10.96.0.20"},
+			Ports: []v1.ServicePort{{Name: "tcp", Protocol: v1.ProtocolTCP, Port: 80}, {Name: "udp", Protocol: v1.ProtocolUDP, Port: 53}}},
+	})
+	for i := range n {
+		set(i, true)
+	}
+	// The baseline: the rig and the endpoints, before any client.
+	goroutinesBefore, fdsBefore := runtime.NumGoroutine(), openFDs(t)
+
+	// 50 long TCP streams.
+	var cut atomic.Int64
+	var firstCut atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := range 50 {
+		conn, err := cl.dial("tcp", "10.96.0.20:80")
+		if err != nil {
+			t.Fatalf("stream %d: %v", c, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer conn.Close()
+			rd := bufio.NewReader(conn)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+				msg := fmt.Sprintf("c%d-%d\n", c, i)
+				if _, err := conn.Write([]byte(msg)); err != nil {
+					cut.Add(1)
+					firstCut.CompareAndSwap(nil, err.Error())
+					return
+				}
+				if _, err := rd.ReadString('\n'); err != nil {
+					cut.Add(1)
+					firstCut.CompareAndSwap(nil, err.Error())
+					return
+				}
+			}
+		}()
+	}
+
+	// 10 UDP flows.
+	var udpConns []net.PacketConn
+	for range 10 {
+		pc, err := cl.listenPacket("udp4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		udpConns = append(udpConns, pc)
+	}
+	svc := &net.UDPAddr{IP: net.IPv4(10, 96, 0, 20), Port: 53}
+	ask := func(pc net.PacketConn) (string, error) {
+		buf := make([]byte, 64)
+		for try := 0; try < 3; try++ {
+			if _, err := pc.WriteTo([]byte("?"), svc); err != nil {
+				return "", err
+			}
+			_ = pc.SetReadDeadline(time.Now().Add(time.Second))
+			n, _, err := pc.ReadFrom(buf)
+			if err == nil {
+				return string(buf[:n]), nil
+			}
+		}
+		return "", fmt.Errorf("no answer")
+	}
+
+	// Churn: every 100 ms one of the churning endpoints flips; after a
+	// removal every UDP flow's next datagram must reach a live endpoint.
+	end := time.Now().Add(duration)
+	flips, moves := 0, 0
+	for time.Now().Before(end) {
+		i := 2 + flips%(n-2)
+		active[i] = !active[i]
+		set(i, active[i])
+		flips++
+		if !active[i] {
+			gone := fmt.Sprintf("ep%d", i)
+			for _, pc := range udpConns {
+				got, err := ask(pc)
+				if err != nil {
+					t.Fatalf("UDP flow after removing %s: %v", gone, err)
+				}
+				if got == gone {
+					t.Fatalf("a UDP flow still reached %s after it left", gone)
+				}
+				moves++
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	for _, pc := range udpConns {
+		pc.Close()
+	}
+	t.Logf("%d endpoint flips over %v; %d UDP checks after removals; TCP streams cut: %d", flips, duration, moves, cut.Load())
+	if cut.Load() != 0 {
+		t.Fatalf("%d TCP streams were cut (first: %v)", cut.Load(), firstCut.Load())
+	}
+
+	// No leftovers once the clients are gone (the rig itself still runs).
+	// UDP flows live until their conntrack entries expire (30 s / 120 s):
+	// flush them, as their expiry would.
+	h.ct.Delete(conntrack.Filter{Protocol: conntrack.UDP})
+	waitFor(t, "the proxied flows to end", func() bool { return h.px.Flows() == 0 })
+	g, f := runtime.NumGoroutine(), openFDs(t)
+	t.Logf("before the clients and after the churn: goroutines %d -> %d, fds %d -> %d", goroutinesBefore, g, fdsBefore, f)
+	if g > goroutinesBefore+5 || f > fdsBefore+5 {
+		t.Fatalf("goroutines %d -> %d, fds %d -> %d: something leaks", goroutinesBefore, g, fdsBefore, f)
+	}
+}
+
+// lineEcho answers each line with name and the line.
+func lineEcho(name string) func(net.Conn) {
+	return func(c net.Conn) {
+		rd := bufio.NewReader(c)
+		for {
+			l, err := rd.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if _, err := c.Write([]byte(name + " " + l)); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// startUDPEcho answers every datagram with name, until the test ends.
+func startUDPEcho(t *testing.T, name string) netip.AddrPort {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		buf := make([]byte, 1500)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte(name), from)
+		}
+	}()
+	t.Cleanup(func() { pc.Close(); wg.Wait() })
+	return pc.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// epSlice is an EndpointSlice of svc holding one endpoint, for the service
+// port named after proto ("tcp" or "udp").
+func epSlice(name, svc string, proto v1.Protocol, ep netip.AddrPort) *discoveryv1.EndpointSlice {
+	portName := "tcp"
+	if proto == v1.ProtocolUDP {
+		portName = "udp"
+	}
+	port := int32(ep.Port())
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ep.Addr().String()}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Protocol: &proto, Port: &port}},
+	}
+}
+
+func openFDs(t *testing.T) int {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
+}

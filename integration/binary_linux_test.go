@@ -509,3 +509,71 @@ func TestBinaryGracefulShutdown(t *testing.T) {
 		t.Fatal("userproxy did not exit after SIGTERM")
 	}
 }
+
+// Outages: an endpoint that never answers (dial timeout -> the client gets a
+// RST, counted as dial_failed), and the config file gone for a while (the
+// last table keeps serving, /healthz says why, the file's return heals it).
+func TestBinaryOutages(t *testing.T) {
+	requireRoot(t)
+	bin := userproxyBinary(t)
+	b := newBinNS(t)
+	// 203.0.113.0/24 is on-link behind a veth whose peer answers nothing
+	// (not even ARP): SYNs never leave, dials time out.
+	if err := inNS(b.ns, func() error {
+		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "upxhole0"}, PeerName: "upxhole1"}
+		if err := netlink.LinkAdd(v); err != nil {
+			return err
+		}
+		for _, name := range []string{"upxhole0", "upxhole1"} {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: v.Attrs().Index, Dst: prefixNet(netip.MustParsePrefix("203.0.113.0/24"))})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dead := netip.MustParseAddrPort("203.0.113.5:8080")
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "services.yaml")
+	writeFile(t, cfg, quickConfig(dead, b.udpEcho()))
+	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxout0",
+		"--min-sync-period", "0", "--dial-timeout", "500ms")
+	b.waitHealthy(p)
+
+	start := time.Now()
+	_, err := b.c.dial("tcp", "10.96.0.10:80")
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial to a service whose endpoint never answers: %v, want connection refused (RST)", err)
+	}
+	t.Logf("refused after %v (dial timeout 500ms)", time.Since(start))
+	_, body, _ := b.get("/metrics")
+	if !strings.Contains(body, `userproxy_flows_total{protocol="tcp",result="dial_failed"} 1`) {
+		t.Error("the failed dial is not counted")
+	}
+
+	// The file goes away: the last table stays, /healthz reports it.
+	if err := os.Remove(cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "/healthz to report the missing file", func() bool {
+		code, body, _ := b.get("/healthz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "services.yaml")
+	})
+	if _, body, _ := b.get("/debug/services"); !strings.Contains(body, "default/web") {
+		t.Fatalf("the last good table is gone while the file is missing:\n%s", body)
+	}
+	// It comes back (with a live endpoint): healthy again, traffic flows.
+	writeFile(t, cfg, quickConfig(b.tcpEndpoint("back"), b.udpEcho()))
+	waitFor(t, "/healthz to recover", func() bool { code, _, _ := b.get("/healthz"); return code == http.StatusOK })
+	if got, err := b.fetchName("10.96.0.10:80"); err != nil || got != "back" {
+		t.Fatalf("after the file returned: %q, %v", got, err)
+	}
+	if err := p.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -577,3 +577,44 @@ func TestBinaryOutages(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A second SIGTERM forces the exit while the first one waits for a flow to
+// finish.
+func TestBinarySecondSignalForcesExit(t *testing.T) {
+	requireRoot(t)
+	bin := userproxyBinary(t)
+	b := newBinNS(t)
+	var ln net.Listener
+	if err := b.c.run(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	idle := serveTCP(t, ln, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) }).addr
+	cfg := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, cfg, quickConfig(idle, b.udpEcho()))
+	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxsig0", "--min-sync-period", "0")
+	b.waitHealthy(p)
+	c, err := b.c.dial("tcp", "10.96.0.10:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close() // never closed before the signals: the drain would wait 3 s
+	waitFor(t, "the flow to be proxied", func() bool {
+		_, body, _ := b.get("/metrics")
+		return strings.Contains(body, `userproxy_flows_total{protocol="tcp",result="proxied"} 1`)
+	})
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	waitFor(t, "the first signal to be handled", func() bool {
+		_, _, err := b.get("/healthz")
+		return err != nil // the admin server stops with the first signal
+	})
+	start := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("exit took %v after the second SIGTERM", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("userproxy did not exit after a second SIGTERM")
+	}
+}

@@ -36,6 +36,13 @@ Run "userproxy <command> -h" for a command's flags.
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		// After the first signal, restore the default disposition: a
+		// second SIGINT or SIGTERM ends the process at once, without the
+		// graceful drain.
+		<-ctx.Done()
+		stop()
+	}()
 	err := runMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	if err != nil {

@@ -39,6 +39,7 @@ type GateStats struct {
 	TCPInFlight                 int
 	InFlightLimited             uint64
 	HandlerPanics               uint64
+	HandshakesAborted           uint64
 }
 
 // Sources are where the metrics come from. Every field may be nil: its
@@ -309,5 +310,7 @@ func gateGroup(snap func() GateStats) metricGroup {
 			func(s *GateStats) uint64 { return s.Oversized }),
 		counter("gate_handler_panics_total", "Flow handler panics the stack recovered from.",
 			func(s *GateStats) uint64 { return s.HandlerPanics }),
+		counter("gate_handshakes_aborted_total", "TCP handshakes aborted because the client did not complete them in time.",
+			func(s *GateStats) uint64 { return s.HandshakesAborted }),
 	}}
 }

@@ -55,20 +55,31 @@ type rig struct {
 }
 
 func newRig(t testing.TB, link *netstack.Link, seed uint64) *rig {
+	return newRigWith(t, link, seed, rigLimits{})
+}
+
+// rigLimits overrides the datapath's limits; zero fields keep the defaults.
+type rigLimits struct {
+	conntrackMax, udpSessions, inFlight, inFlightPerClient int
+}
+
+func newRigWith(t testing.TB, link *netstack.Link, seed uint64, lim rigLimits) *rig {
 	t.Helper()
 	h := &rig{t: t}
 	var err error
-	h.ct, err = conntrack.NewTable(conntrack.Config{OnRemove: func(i conntrack.EntryInfo, r conntrack.RemoveReason) {
+	h.ct, err = conntrack.NewTable(conntrack.Config{Max: lim.conntrackMax, OnRemove: func(i conntrack.EntryInfo, r conntrack.RemoveReason) {
 		h.px.OnConntrackRemove(i, r)
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.px, err = proxy.New(proxy.Config{Conntrack: h.ct, Rand: balancer.NewSeededSource(seed), Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), DialTimeout: 2 * time.Second})
+	h.px, err = proxy.New(proxy.Config{Conntrack: h.ct, Rand: balancer.NewSeededSource(seed), Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
+		DialTimeout: 2 * time.Second, MaxUDPSessions: lim.udpSessions})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.st, err = netstack.New(netstack.Options{Link: link, Conntrack: h.ct, Admit: h.px.Admit, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))})
+	h.st, err = netstack.New(netstack.Options{Link: link, Conntrack: h.ct, Admit: h.px.Admit, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
+		MaxInFlight: lim.inFlight, MaxInFlightPerClient: lim.inFlightPerClient})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -200,7 +201,13 @@ func (st *Stack) admitSYN(id stack.TransportEndpointID, pkt *stack.PacketBuffer)
 		st.counters.inFlightLimited.Add(1)
 		return true // dropped: the client retransmits
 	}
-	st.inFlight[id] = struct{}{}
+	pd := &pending{
+		rcvNxt: th.SequenceNumber() + 1,
+		nic:    pkt.NICID,
+		proto:  pkt.NetworkProtocolNumber,
+	}
+	pd.timer = time.AfterFunc(st.hsTimeout, func() { st.abortHandshake(id) })
+	st.inFlight[id] = pd
 	st.perAddr[client]++
 	st.handlers.Add(1)
 	st.mu.Unlock()
@@ -217,13 +224,48 @@ func (st *Stack) admitSYN(id stack.TransportEndpointID, pkt *stack.PacketBuffer)
 func (st *Stack) release(id stack.TransportEndpointID) {
 	client := toAddr(id.RemoteAddress)
 	st.mu.Lock()
-	if _, ok := st.inFlight[id]; ok {
+	if pd, ok := st.inFlight[id]; ok {
+		pd.timer.Stop()
 		delete(st.inFlight, id)
 		if st.perAddr[client]--; st.perAddr[client] <= 0 {
 			delete(st.perAddr, client)
 		}
 	}
 	st.mu.Unlock()
+}
+
+// pending is an in-flight handshake: what it takes to abort it.
+type pending struct {
+	rcvNxt uint32 // the client's sequence number after its SYN
+	nic    tcpip.NICID
+	proto  tcpip.NetworkProtocolNumber
+	timer  *time.Timer
+}
+
+// abortHandshake ends a handshake still in flight by delivering to gVisor,
+// as if from the client, a RST at the sequence number it expects: the
+// forwarder's CreateEndpoint then fails and the request completes, freeing
+// its slot and the endpoint connection. The RST bypasses conntrack; the
+// flow's entry expires on its own.
+func (st *Stack) abortHandshake(id stack.TransportEndpointID) {
+	st.mu.Lock()
+	pd := st.inFlight[id]
+	st.mu.Unlock()
+	if pd == nil {
+		return
+	}
+	g := st.gates[pd.nic]
+	if g == nil {
+		return
+	}
+	rst := buildClientRST(id, pd.rcvNxt)
+	if rst == nil {
+		return
+	}
+	st.counters.handshakesAborted.Add(1)
+	pb := newPacket(rst, pd.proto)
+	g.Endpoint.DeliverNetworkPacket(pd.proto, pb)
+	pb.DecRef()
 }
 
 // handleTCP runs on the goroutine gVisor's forwarder starts (step 2).

@@ -67,6 +67,7 @@ type gateCounters struct {
 	outboundWriteError atomic.Uint64
 	inFlightLimited    atomic.Uint64
 	handlerPanics      atomic.Uint64
+	handshakesAborted  atomic.Uint64
 }
 
 // gate wraps a link endpoint; see the flow comment at the top of the file.

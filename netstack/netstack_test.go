@@ -224,3 +224,54 @@ func TestRejecterRateLimit(t *testing.T) {
 		t.Fatalf("after 10ms allowed %d, want 10", n)
 	}
 }
+
+// A client that never completes its handshake (no ACK of the SYN-ACK) holds
+// its in-flight slot only for HandshakeTimeout: the handshake is aborted and
+// the handler's Accept fails.
+func TestHandshakeTimeoutAborts(t *testing.T) {
+	ct, err := conntrack.NewTable(conntrack.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := NewMemoryLink(0, 64)
+	st, err := New(Options{Link: &link.Link, Conntrack: ct, Admit: accept, HandshakeTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	accepted := make(chan error, 1)
+	st.SetFlowHandler(handlerFunc(func(r *TCPRequest) {
+		c, err := r.Accept()
+		if c != nil {
+			c.Close()
+		}
+		accepted <- err
+	}))
+	link.Inject(tcpPacket(client, service, header.TCPFlagSyn, 1000, 0))
+	select {
+	case err := <-accepted:
+		if err == nil {
+			t.Fatal("Accept succeeded without the client's ACK")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handshake was not aborted")
+	}
+	waitUntil(t, func() bool { return st.Stats().TCPInFlight == 0 })
+	if n := st.Stats().HandshakesAborted; n != 1 {
+		t.Errorf("HandshakesAborted = %d, want 1", n)
+	}
+}
+
+type handlerFunc func(*TCPRequest)
+
+func (f handlerFunc) HandleTCP(r *TCPRequest) { f(r) }
+func (handlerFunc) HandleUDP(r *UDPRequest)   { r.Conn.Close() }
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10 s")
+		}
+	}
+}

@@ -130,3 +130,30 @@ func tosInternetControl(in header.IPv4) uint8 {
 	tos, _ := in.TOS()
 	return tos&0x1E | 0xC0
 }
+
+// buildClientRST returns a RST from the client side of id (RemoteAddress:
+// RemotePort to LocalAddress:LocalPort) with sequence number seq.
+func buildClientRST(id stack.TransportEndpointID, seq uint32) []byte {
+	src, dst := id.RemoteAddress, id.LocalAddress
+	var b []byte
+	var tcpOff int
+	switch src.Len() {
+	case 4:
+		b = make([]byte, header.IPv4MinimumSize+header.TCPMinimumSize)
+		ip := header.IPv4(b)
+		ip.Encode(&header.IPv4Fields{TotalLength: uint16(len(b)), TTL: 64, Protocol: uint8(header.TCPProtocolNumber), SrcAddr: src, DstAddr: dst})
+		ip.SetChecksum(^ip.CalculateChecksum())
+		tcpOff = header.IPv4MinimumSize
+	case 16:
+		b = make([]byte, header.IPv6MinimumSize+header.TCPMinimumSize)
+		header.IPv6(b).Encode(&header.IPv6Fields{PayloadLength: header.TCPMinimumSize, TransportProtocol: header.TCPProtocolNumber, HopLimit: 64, SrcAddr: src, DstAddr: dst})
+		tcpOff = header.IPv6MinimumSize
+	default:
+		return nil
+	}
+	t := header.TCP(b[tcpOff:])
+	t.Encode(&header.TCPFields{SrcPort: id.RemotePort, DstPort: id.LocalPort, SeqNum: seq, DataOffset: header.TCPMinimumSize, Flags: header.TCPFlagRst})
+	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, src, dst, uint16(len(t)))
+	t.SetChecksum(^checksum.Checksum(t, xsum))
+	return b
+}

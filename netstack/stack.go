@@ -71,6 +71,12 @@ type Options struct {
 	// rejected flows (the kernel's icmp_msgs_per_sec and icmp_msgs_burst);
 	// 0 means 1000 and 50.
 	ICMPPerSecond, ICMPBurst int
+	// HandshakeTimeout bounds how long a client may take to complete its
+	// handshake once the endpoint was dialled (its ACK of our SYN-ACK);
+	// then the handshake is aborted and its in-flight slot and endpoint
+	// connection freed. 0 means 10 s. (gVisor alone retransmits the SYN-ACK
+	// for about two minutes.)
+	HandshakeTimeout time.Duration
 	// Now is the clock of the rate limiter; nil means time.Now.
 	Now func() time.Time
 	// Logger; nil means zap.NewNop().
@@ -94,10 +100,12 @@ type Stack struct {
 	tcpFwd      *tcp.Forwarder
 	maxInFlight int
 	perClient   int
+	hsTimeout   time.Duration
+	gates       map[tcpip.NICID]*gate
 
 	mu        sync.Mutex
 	closed    bool
-	inFlight  map[stack.TransportEndpointID]struct{}
+	inFlight  map[stack.TransportEndpointID]*pending
 	perAddr   map[netip.Addr]int
 	handlers  sync.WaitGroup
 	ctx       context.Context
@@ -127,6 +135,9 @@ func New(opts Options) (*Stack, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.HandshakeTimeout <= 0 {
+		opts.HandshakeTimeout = 10 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
@@ -136,7 +147,9 @@ func New(opts Options) (*Stack, error) {
 		logger:      opts.Logger,
 		maxInFlight: opts.MaxInFlight,
 		perClient:   opts.MaxInFlightPerClient,
-		inFlight:    make(map[stack.TransportEndpointID]struct{}),
+		hsTimeout:   opts.HandshakeTimeout,
+		gates:       make(map[tcpip.NICID]*gate),
+		inFlight:    make(map[stack.TransportEndpointID]*pending),
 		perAddr:     make(map[netip.Addr]int),
 	}
 	st.ctx, st.cancel = context.WithCancel(context.Background())
@@ -165,13 +178,15 @@ func (st *Stack) build(opts Options) error {
 
 	st.pipe = newAsyncPipe(inProcMTU, 1024)
 	ours, theirs := st.pipe.a, st.pipe.b
+	st.gates[linkNIC] = newGate(opts.Link.ep, st.ct, admit, rej, &st.counters)
+	st.gates[inProcNIC] = newGate(ours, st.ct, admit, rej, &st.counters)
 	nics := []struct {
 		id   tcpip.NICID
 		ep   stack.LinkEndpoint
 		name string
 	}{
-		{linkNIC, newGate(opts.Link.ep, st.ct, admit, rej, &st.counters), opts.Link.name},
-		{inProcNIC, newGate(ours, st.ct, admit, rej, &st.counters), "in-process"},
+		{linkNIC, st.gates[linkNIC], opts.Link.name},
+		{inProcNIC, st.gates[inProcNIC], "in-process"},
 	}
 	for _, n := range nics {
 		if err := st.s.CreateNICWithOptions(n.id, n.ep, stack.NICOptions{Name: n.name}); err != nil {
@@ -229,6 +244,11 @@ func setTCPOptions(s *stack.Stack) error {
 		ptr(tcpip.TCPModerateReceiveBufferOption(true)),
 		ptr(tcpip.TCPTimeWaitTimeoutOption(0)),
 		ptr(tcpip.TCPDelayEnabled(false)),
+		// SYN-ACK retransmissions of a pending handshake: 3 (1+2+4 s, then
+		// 8 s more) instead of gVisor's 6 (about 2 minutes). A flood of
+		// SYNs that are never ACKed holds in-flight slots and the dialled
+		// endpoint connections for that long; 15 s bounds it.
+		ptr(tcpip.TCPSynRetriesOption(3)),
 	}
 	for _, o := range opts {
 		if err := s.SetTransportProtocolOption(tcp.ProtocolNumber, o); err != nil {
@@ -333,6 +353,9 @@ type Stats struct {
 	InFlightLimited uint64
 	// HandlerPanics counts flow handler panics the stack recovered from.
 	HandlerPanics uint64
+	// HandshakesAborted counts handshakes aborted because the client did
+	// not complete them within HandshakeTimeout (or at Close).
+	HandshakesAborted uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -348,7 +371,7 @@ func (st *Stack) Stats() Stats {
 		Dropped: c.dropped.Load(), TableFull: c.tableFull.Load(),
 		Accepted: c.accepted.Load(), Oversized: c.oversized.Load(),
 		TCPInFlight: inflight, InFlightLimited: c.inFlightLimited.Load(),
-		HandlerPanics: c.handlerPanics.Load(),
+		HandlerPanics: c.handlerPanics.Load(), HandshakesAborted: c.handshakesAborted.Load(),
 	}
 }
 
@@ -359,8 +382,17 @@ func (st *Stack) Close() {
 	st.closeOnce.Do(func() {
 		st.mu.Lock()
 		st.closed = true
+		var stuck []stack.TransportEndpointID
+		for id := range st.inFlight {
+			stuck = append(stuck, id)
+		}
 		st.mu.Unlock()
 		st.cancel()
+		// Handshakes waiting for a client's ACK would hold Close for as long
+		// as gVisor retransmits: abort them.
+		for _, id := range stuck {
+			st.abortHandshake(id)
+		}
 		if st.client != nil {
 			st.client.Close()
 		}

@@ -59,6 +59,7 @@ type runFlags struct {
 	maxInFlight        int
 	maxInFlightClient  int
 	maxUDPSessions     int
+	handshakeTimeout   time.Duration
 	log                logFlags
 }
 
@@ -86,6 +87,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxInFlight, "max-inflight", 1024, "TCP handshakes waiting for their endpoint at once; further SYNs are dropped (counted)")
 	fs.IntVar(&f.maxInFlightClient, "max-inflight-per-client", 128, "one client address's share of --max-inflight")
 	fs.IntVar(&f.maxUDPSessions, "max-udp-sessions", 65536, "concurrent UDP flows; further flows are refused (counted as table_full)")
+	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "time a client has to complete its TCP handshake once the endpoint was dialled")
 	f.log.register(fs)
 }
 
@@ -109,8 +111,8 @@ func (f *runFlags) validate() error {
 		return fmt.Errorf("--affinity-list-size %d: want a positive number", f.affinityListSize)
 	case f.dialTimeout <= 0:
 		return fmt.Errorf("--dial-timeout %v: want a positive duration", f.dialTimeout)
-	case f.maxInFlight <= 0 || f.maxInFlightClient <= 0 || f.maxUDPSessions <= 0:
-		return errors.New("--max-inflight, --max-inflight-per-client and --max-udp-sessions must be positive")
+	case f.maxInFlight <= 0 || f.maxInFlightClient <= 0 || f.maxUDPSessions <= 0 || f.handshakeTimeout <= 0:
+		return errors.New("--max-inflight, --max-inflight-per-client, --max-udp-sessions and --handshake-timeout must be positive")
 	}
 	return nil
 }
@@ -199,7 +201,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	}
 	defer tun.close()
 	st, err := netstack.New(netstack.Options{Link: tun.link, Conntrack: ct, Admit: px.Admit, Logger: logger.Named("netstack"),
-		MaxInFlight: f.maxInFlight, MaxInFlightPerClient: f.maxInFlightClient})
+		MaxInFlight: f.maxInFlight, MaxInFlightPerClient: f.maxInFlightClient, HandshakeTimeout: f.handshakeTimeout})
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(GOBIN)/staticcheck
 
-.PHONY: help test unit lint tools bench-once darwin integration bench fuzz fuzz-short
+.PHONY: help test unit lint tools bench-once darwin integration bench fuzz fuzz-short soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -48,6 +48,9 @@ fuzz: ## run each fuzzer for FUZZTIME (default 30s)
 			$(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) -parallel=1 $$pkg || exit 1; \
 		done; \
 	done
+
+soak: ## (root) 10 minutes of mixed traffic and endpoint churn; logs RSS, goroutines and flows over time
+	USERPROXY_CHURN_DURATION=10m $(GO) test -count=1 -timeout 20m -run '^TestEndpointChurn$$' -v ./integration/
 
 # A count, not a duration: Go 1.26's fuzzer can fail spuriously when a
 # -fuzztime duration ends mid-run (golang/go#75804).

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,19 +20,30 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/proxy"
 )
 
 // Endpoint churn: every 100 ms an endpoint of a TCP and a UDP service leaves
-// or comes back, for a minute (10 s with -short), while 50 clients keep long
-// TCP streams and 10 UDP flows run. No TCP flow may be cut (kube-proxy keeps
-// established flows to removed endpoints, and ours keep running); a UDP flow
-// whose endpoint left must reach a live endpoint with its next datagram; no
-// goroutines or file descriptors may be left over.
+// or comes back, for a minute (10 s with -short; USERPROXY_CHURN_DURATION
+// sets it: `make soak` runs 10 minutes), while 50 clients keep long TCP
+// streams, 10 UDP flows run and one client opens short connections
+// back to back. No TCP flow may be cut (kube-proxy keeps established flows
+// to removed endpoints, and ours keep running); no short connection may
+// fail; a UDP flow whose endpoint left must reach a live endpoint with its
+// next datagram; no goroutines or file descriptors may be left over. RSS,
+// goroutines and flows handled are logged ten times along the way.
 func TestEndpointChurn(t *testing.T) {
 	requireRoot(t)
 	duration := time.Minute
 	if testing.Short() {
 		duration = 10 * time.Second
+	}
+	if v := os.Getenv("USERPROXY_CHURN_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("USERPROXY_CHURN_DURATION=%q: %v", v, err)
+		}
+		duration = d
 	}
 	h, cl := tunEnv{}.start(t, testSeed(t, 21))
 
@@ -135,11 +147,50 @@ func TestEndpointChurn(t *testing.T) {
 		return "", fmt.Errorf("no answer")
 	}
 
+	// Short connections back to back, all the while.
+	var shortOK, shortFailed atomic.Int64
+	var firstShortErr atomic.Value
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			conn, err := cl.dial("tcp", "10.96.0.20:80")
+			if err == nil {
+				rd := bufio.NewReader(conn)
+				_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+				if _, err = conn.Write([]byte("short\n")); err == nil {
+					_, err = rd.ReadString('\n')
+				}
+				conn.Close()
+			}
+			if err != nil {
+				shortFailed.Add(1)
+				firstShortErr.CompareAndSwap(nil, err.Error())
+				continue
+			}
+			shortOK.Add(1)
+		}
+	}()
+
 	// Churn: every 100 ms one of the churning endpoints flips; after a
 	// removal every UDP flow's next datagram must reach a live endpoint.
-	end := time.Now().Add(duration)
+	start := time.Now()
+	end := start.Add(duration)
+	nextSample := start.Add(duration / 10)
 	flips, moves := 0, 0
 	for time.Now().Before(end) {
+		if time.Now().After(nextSample) {
+			nextSample = nextSample.Add(duration / 10)
+			ps := h.px.Stats()
+			t.Logf("at %v: RSS %s, goroutines %d, live flows %d, TCP proxied %d, UDP proxied %d, short ok %d failed %d",
+				time.Since(start).Round(time.Second), currentRSS(), runtime.NumGoroutine(), ps.LiveFlows,
+				ps.Flows[0][proxy.ResultProxied], ps.Flows[1][proxy.ResultProxied], shortOK.Load(), shortFailed.Load())
+		}
 		i := 2 + flips%(n-2)
 		active[i] = !active[i]
 		set(i, active[i])
@@ -164,9 +215,13 @@ func TestEndpointChurn(t *testing.T) {
 	for _, pc := range udpConns {
 		pc.Close()
 	}
-	t.Logf("%d endpoint flips over %v; %d UDP checks after removals; TCP streams cut: %d", flips, duration, moves, cut.Load())
+	t.Logf("%d endpoint flips over %v; %d UDP checks after removals; TCP streams cut: %d; short connections: %d ok, %d failed; peak RSS %s",
+		flips, duration, moves, cut.Load(), shortOK.Load(), shortFailed.Load(), peakRSS())
 	if cut.Load() != 0 {
 		t.Fatalf("%d TCP streams were cut (first: %v)", cut.Load(), firstCut.Load())
+	}
+	if shortFailed.Load() != 0 {
+		t.Fatalf("%d short connections failed (first: %v)", shortFailed.Load(), firstShortErr.Load())
 	}
 
 	// No leftovers once the clients are gone (the rig itself still runs).
@@ -242,4 +297,18 @@ func openFDs(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(entries)
+}
+
+// currentRSS reads VmRSS of this process.
+func currentRSS() string {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return err.Error()
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
 }

@@ -35,16 +35,20 @@ Run "userproxy <command> -h" for a command's flags.
 `
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first SIGINT or SIGTERM cancels ctx: run drains and cleans up.
+	// A second one exits at once, without the drain.
+	ctx, cancel := context.WithCancel(context.Background())
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
 	go func() {
-		// After the first signal, restore the default disposition: a
-		// second SIGINT or SIGTERM ends the process at once, without the
-		// graceful drain.
-		<-ctx.Done()
-		stop()
+		<-signals
+		cancel()
+		<-signals
+		fmt.Fprintln(os.Stderr, "userproxy: second signal: exiting without cleanup")
+		os.Exit(1)
 	}()
 	err := runMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
+	cancel()
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "userproxy:", err)

@@ -84,6 +84,12 @@ func (r *TCPRequest) Accept() (*TCPConn, error) {
 		err  error = errCompleted
 	)
 	r.once.Do(func() {
+		r.st.mu.Lock()
+		if pd := r.st.inFlight[r.id]; pd != nil {
+			pd.handshaking = true
+			pd.since = time.Now()
+		}
+		r.st.mu.Unlock()
 		var wq waiter.Queue
 		ep, terr := r.fr.CreateEndpoint(&wq)
 		if terr != nil {
@@ -197,11 +203,22 @@ func (st *Stack) admitSYN(id stack.TransportEndpointID, pkt *stack.PacketBuffer)
 		return st.tcpFwd.HandlePacket(id, pkt) // a retransmitted SYN: gVisor ignores it
 	}
 	if st.closed || len(st.inFlight) >= st.maxInFlight || st.perAddr[client] >= st.perClient {
+		var victim stack.TransportEndpointID
+		evict := !st.closed && len(st.inFlight) >= st.maxInFlight && st.oldestHandshake(&victim)
 		st.mu.Unlock()
 		st.counters.inFlightLimited.Add(1)
+		if evict {
+			// Full of handshakes that clients have not completed (a SYN
+			// flood, typically from forged addresses): abort the one waiting
+			// longest, as the kernel prunes its SYN queue, so that a real
+			// client's retransmitted SYN finds room instead of waiting out
+			// HandshakeTimeout.
+			st.abortHandshake(victim)
+		}
 		return true // dropped: the client retransmits
 	}
 	pd := &pending{
+		since:  time.Now(),
 		rcvNxt: th.SequenceNumber() + 1,
 		nic:    pkt.NICID,
 		proto:  pkt.NetworkProtocolNumber,
@@ -236,10 +253,31 @@ func (st *Stack) release(id stack.TransportEndpointID) {
 
 // pending is an in-flight handshake: what it takes to abort it.
 type pending struct {
-	rcvNxt uint32 // the client's sequence number after its SYN
-	nic    tcpip.NICID
-	proto  tcpip.NetworkProtocolNumber
-	timer  *time.Timer
+	since       time.Time
+	handshaking bool   // Accept sent the SYN-ACK: only the client's ACK is missing
+	rcvNxt      uint32 // the client's sequence number after its SYN
+	nic         tcpip.NICID
+	proto       tcpip.NetworkProtocolNumber
+	timer       *time.Timer
+}
+
+// evictAge is how long a handshake must have waited for its client's ACK
+// before a full in-flight table may evict it: a real client answers within a
+// round trip, so only handshakes that will never complete are that old.
+const evictAge = time.Second
+
+// oldestHandshake finds the in-flight request that has waited longest (and
+// at least evictAge) for its client's ACK. The caller holds st.mu.
+func (st *Stack) oldestHandshake(id *stack.TransportEndpointID) bool {
+	var oldest time.Time
+	found := false
+	cutoff := time.Now().Add(-evictAge)
+	for k, pd := range st.inFlight {
+		if pd.handshaking && pd.since.Before(cutoff) && (!found || pd.since.Before(oldest)) {
+			*id, oldest, found = k, pd.since, true
+		}
+	}
+	return found
 }
 
 // abortHandshake ends a handshake still in flight by delivering to gVisor,
@@ -256,6 +294,13 @@ func (st *Stack) abortHandshake(id stack.TransportEndpointID) {
 	}
 	g := st.gates[pd.nic]
 	if g == nil {
+		return
+	}
+	// The client's ACK may have arrived meanwhile: the gate saw it if the
+	// flow's conntrack entry is ESTABLISHED; then the handshake completes
+	// and must not be reset.
+	client, svc := endpoints(id)
+	if e, ok := st.ct.Get(conntrack.MakeTuple(conntrack.TCP, client, svc)); ok && e.State != conntrack.TCPSynSent && e.State != conntrack.TCPSynRecv && e.State != conntrack.TCPNone {
 		return
 	}
 	rst := buildClientRST(id, pd.rcvNxt)

@@ -393,6 +393,17 @@ func (st *Stack) Close() {
 		for _, id := range stuck {
 			st.abortHandshake(id)
 		}
+		// Let the aborts land before the endpoints close: a handshake
+		// whose endpoint is closed under it is never told, and its
+		// handler would wait out gVisor's retransmissions.
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			st.mu.Lock()
+			n := len(st.inFlight)
+			st.mu.Unlock()
+			if n == 0 {
+				break
+			}
+		}
 		if st.client != nil {
 			st.client.Close()
 		}

@@ -467,9 +467,11 @@ func TestBinarySetupUnprivileged(t *testing.T) {
 	}
 }
 
-// SIGTERM half-closes idle flows: the client reads EOF (a FIN), not a
-// reset, and the proxy exits 0 once the client has closed.
-func TestBinaryGracefulShutdown(t *testing.T) {
+// startIdleFlow runs the binary in a fresh namespace with web pointing at an
+// endpoint that waits for the client's FIN, and opens one proxied flow that
+// stays idle.
+func startIdleFlow(t *testing.T, tunName string) (*binNS, *proc, net.Conn) {
+	t.Helper()
 	requireRoot(t)
 	bin := userproxyBinary(t)
 	b := newBinNS(t)
@@ -477,22 +479,27 @@ func TestBinaryGracefulShutdown(t *testing.T) {
 	if err := b.c.run(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
 		t.Fatal(err)
 	}
-	// The endpoint waits for the client's FIN, then closes.
 	idle := serveTCP(t, ln, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) }).addr
 	cfg := filepath.Join(t.TempDir(), "services.yaml")
 	writeFile(t, cfg, quickConfig(idle, b.udpEcho()))
-	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxgr0", "--min-sync-period", "0")
+	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", tunName, "--min-sync-period", "0")
 	b.waitHealthy(p)
-
 	c, err := b.c.dial("tcp", "10.96.0.10:80")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	waitFor(t, "the flow to be proxied", func() bool {
 		_, body, _ := b.get("/metrics")
 		return strings.Contains(body, `userproxy_flows_total{protocol="tcp",result="proxied"} 1`)
 	})
+	return b, p, c
+}
+
+// SIGTERM half-closes idle flows: the client reads EOF (a FIN), not a
+// reset, and the proxy exits 0 once the client has closed.
+func TestBinaryGracefulShutdown(t *testing.T) {
+	_, p, c := startIdleFlow(t, "upxgr0")
+	defer c.Close()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	n, err := c.Read(make([]byte, 1))
@@ -581,27 +588,8 @@ func TestBinaryOutages(t *testing.T) {
 // A second SIGTERM forces the exit while the first one waits for a flow to
 // finish.
 func TestBinarySecondSignalForcesExit(t *testing.T) {
-	requireRoot(t)
-	bin := userproxyBinary(t)
-	b := newBinNS(t)
-	var ln net.Listener
-	if err := b.c.run(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	idle := serveTCP(t, ln, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) }).addr
-	cfg := filepath.Join(t.TempDir(), "services.yaml")
-	writeFile(t, cfg, quickConfig(idle, b.udpEcho()))
-	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxsig0", "--min-sync-period", "0")
-	b.waitHealthy(p)
-	c, err := b.c.dial("tcp", "10.96.0.10:80")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, p, c := startIdleFlow(t, "upxsig0")
 	defer c.Close() // never closed before the signals: the drain would wait 3 s
-	waitFor(t, "the flow to be proxied", func() bool {
-		_, body, _ := b.get("/metrics")
-		return strings.Contains(body, `userproxy_flows_total{protocol="tcp",result="proxied"} 1`)
-	})
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	waitFor(t, "the first signal to be handled", func() bool {
 		_, _, err := b.get("/healthz")

@@ -199,8 +199,12 @@ func (st *Stack) admitSYN(id stack.TransportEndpointID, pkt *stack.PacketBuffer)
 	client := toAddr(id.RemoteAddress)
 	st.mu.Lock()
 	if _, dup := st.inFlight[id]; dup {
+		// A retransmitted SYN of a request the handler still holds. It is
+		// not passed on: gVisor's forwarder may already have forgotten the
+		// request (it does so in Complete, just before release runs here)
+		// and would start a second handler for it.
 		st.mu.Unlock()
-		return st.tcpFwd.HandlePacket(id, pkt) // a retransmitted SYN: gVisor ignores it
+		return true
 	}
 	if st.closed || len(st.inFlight) >= st.maxInFlight || st.perAddr[client] >= st.perClient {
 		var victim stack.TransportEndpointID

@@ -195,3 +195,82 @@ func TestLotteryConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// pcg64 is a seeded Source64: Pick then serves two rules per 64-bit draw,
+// the path the production RuntimeSource takes.
+type pcg64 struct{ pcg }
+
+func (p pcg64) Uint64() uint64 { return p.r.Uint64() }
+
+// scripted64 returns the given 64-bit values in order.
+type scripted64 struct {
+	t    testing.TB
+	vals []uint64
+}
+
+func (s *scripted64) Uint32() uint32 { s.t.Fatal("Uint32 called on a Source64"); return 0 }
+
+func (s *scripted64) Uint64() uint64 {
+	if len(s.vals) == 0 {
+		s.t.Fatal("scripted source exhausted")
+	}
+	v := s.vals[0]
+	s.vals = s.vals[1:]
+	return v
+}
+
+// With a Source64 the low half of a draw decides rule i and the high half
+// rule i+1, each compared as the kernel compares one get_random_u32.
+func TestPick64FollowsKernelComparison(t *testing.T) {
+	t4, t3, t2 := uint64(Threshold(4)), uint64(Threshold(3)), uint64(Threshold(2))
+	l := NewLottery(4)
+	cases := []struct {
+		name string
+		n    int
+		vals []uint64
+		want int
+	}{
+		{"low half fires rule 0", 4, []uint64{t3<<32 | (t4 - 1)}, 0},
+		{"high half fires rule 1", 4, []uint64{(t3-1)<<32 | t4}, 1},
+		{"second draw, low half fires rule 2", 4, []uint64{t3<<32 | t4, t2 - 1}, 2},
+		{"all miss: last", 4, []uint64{t3<<32 | t4, t2}, 3},
+		{"bit 31 of each half is masked", 4, []uint64{(0x80000000|t3)<<32 | 0x80000000 | (t4 - 1)}, 0},
+		{"two endpoints use the low half only", 2, []uint64{0xFFFFFFFF<<32 | (t2 - 1)}, 0},
+		{"three endpoints: rule 1 on the high half", 3, []uint64{(t2-1)<<32 | t3}, 1},
+		{"three endpoints: last", 3, []uint64{t2<<32 | t3}, 2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			src := &scripted64{t: t, vals: c.vals}
+			if got := l.Pick(c.n, src); got != c.want {
+				t.Errorf("Pick(%d) = %d, want %d", c.n, got, c.want)
+			}
+			if len(src.vals) != 0 {
+				t.Errorf("%d draws left: the cascade evaluated fewer rules than expected", len(src.vals))
+			}
+		})
+	}
+}
+
+// The two-rules-per-draw path (the production RuntimeSource's) passes the
+// same chi-square test as the one-draw-per-rule path.
+func TestLotteryChiSquareSource64(t *testing.T) {
+	const picks = 1_000_000
+	seed := testSeed(t, 20261130)
+	l := NewLottery(64)
+	for _, n := range []int{2, 3, 5, 10, 64} {
+		src := pcg64{newPCG(seed + uint64(n))}
+		counts := make([]int, n)
+		for range picks {
+			counts[l.Pick(n, src)]++
+		}
+		r, err := stats.GoodnessOfFit(counts, stats.Uniform(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("n=%d Source64: %v", n, r)
+		if r.P <= 0.001 {
+			t.Errorf("n=%d: the Source64 path failed the chi-square test: %v", n, r)
+		}
+	}
+}

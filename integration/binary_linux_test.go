@@ -108,21 +108,7 @@ func (b *binNS) udpEcho() netip.AddrPort {
 	if err := b.c.run(func() (err error) { pc, err = net.ListenPacket("udp", "127.0.0.1:0"); return err }); err != nil {
 		b.t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(append([]byte("echo:"), buf[:n]...), from)
-		}
-	}()
-	b.t.Cleanup(func() { pc.Close(); wg.Wait() })
-	return pc.LocalAddr().(*net.UDPAddr).AddrPort()
+	return serveUDP(b.t, pc, echoPrefixed)
 }
 
 // get fetches an admin URL from inside the namespace.

@@ -258,21 +258,7 @@ func startUDPEcho(t *testing.T, name string) netip.AddrPort {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		buf := make([]byte, 1500)
-		for {
-			_, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo([]byte(name), from)
-		}
-	}()
-	t.Cleanup(func() { pc.Close(); wg.Wait() })
-	return pc.LocalAddr().(*net.UDPAddr).AddrPort()
+	return serveUDP(t, pc, func([]byte) []byte { return []byte(name) })
 }
 
 // epSlice is an EndpointSlice of svc holding one endpoint, for the service

@@ -99,18 +99,8 @@ func TestLimitUDPSessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pc.Close()
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(buf[:n], from)
-		}
-	}()
-	h.addService("dns", "10.96.0.53", v1.ProtocolUDP, 53, false, pc.LocalAddr().(*net.UDPAddr).AddrPort())
+	ep := serveUDP(t, pc, func(b []byte) []byte { return b })
+	h.addService("dns", "10.96.0.53", v1.ProtocolUDP, 53, false, ep)
 	svc := net.UDPAddrFromAddrPort(netip.MustParseAddrPort("10.96.0.53:53"))
 	ask := func(c net.PacketConn) error {
 		if _, err := c.WriteTo([]byte("q"), svc); err != nil {

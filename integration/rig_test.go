@@ -186,6 +186,29 @@ func (b *tcpBackend) stop() {
 	b.wg.Wait()
 }
 
+// serveUDP answers every datagram pc receives with reply(datagram), until
+// the test ends, and returns pc's address.
+func serveUDP(t testing.TB, pc net.PacketConn, reply func([]byte) []byte) netip.AddrPort {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(reply(buf[:n]), from)
+		}
+	}()
+	t.Cleanup(func() { pc.Close(); wg.Wait() })
+	return pc.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// echoPrefixed replies "echo:" and the datagram.
+func echoPrefixed(b []byte) []byte { return append([]byte("echo:"), b...) }
+
 // nameServer writes name and closes.
 func nameServer(name string) func(net.Conn) {
 	return func(c net.Conn) { _, _ = io.WriteString(c, name) }

@@ -270,21 +270,7 @@ func scenarioUDPEcho(t *testing.T, e env) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				buf := make([]byte, 2048)
-				for {
-					n, from, err := pc.ReadFrom(buf)
-					if err != nil {
-						return
-					}
-					_, _ = pc.WriteTo(append([]byte("echo:"), buf[:n]...), from)
-				}
-			}()
-			defer func() { pc.Close(); wg.Wait() }()
-			h.addService("dns", fam.clusterIP, v1.ProtocolUDP, 53, false, pc.LocalAddr().(*net.UDPAddr).AddrPort())
+			h.addService("dns", fam.clusterIP, v1.ProtocolUDP, 53, false, serveUDP(t, pc, echoPrefixed))
 
 			c, err := cl.listenPacket(fam.network)
 			if err != nil {
@@ -337,34 +323,15 @@ func scenarioTCPIPv6(t *testing.T, e env) {
 // datagram picks a live endpoint.
 func scenarioUDPEndpointRemovalMovesFlow(t *testing.T, e env) {
 	h, cl := e.start(t, 13)
-	var conns []net.PacketConn
-	var wg sync.WaitGroup
+	var eps []netip.AddrPort
 	for _, name := range []string{"a", "b"} {
 		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
-		conns = append(conns, pc)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, 512)
-			for {
-				_, from, err := pc.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				_, _ = pc.WriteTo([]byte(name), from)
-			}
-		}()
+		eps = append(eps, serveUDP(t, pc, func([]byte) []byte { return []byte(name) }))
 	}
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-		wg.Wait()
-	}()
-	a, b := conns[0].LocalAddr().(*net.UDPAddr).AddrPort(), conns[1].LocalAddr().(*net.UDPAddr).AddrPort()
+	a, b := eps[0], eps[1]
 	h.addService("u", "10.96.0.54", v1.ProtocolUDP, 53, false, a, b)
 	c, err := cl.listenPacket("udp4")
 	if err != nil {

@@ -5,7 +5,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(GOBIN)/staticcheck
 
-.PHONY: help test unit lint tools bench-once darwin integration bench fuzz fuzz-short soak
+.PHONY: help test unit lint tools bench-once darwin integration bench bench-harness fuzz fuzz-short soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ integration: ## the root-only tests in integration/ (real TUN, namespaces)
 bench: ## the benchmarks with real figures (see BENCHMARKS.md); the datapath ones need root
 	$(GO) test -run='^$$' -bench=. -benchmem -count=5 ./balancer/ ./conntrack/ ./service/
 	$(GO) test -run='^$$' -bench=. -benchtime=2s ./integration/
+
+bench-harness: ## (root) side by side: direct veth, kernel iptables, userproxy on a TUN; prints BENCHMARKS.md's tables
+	$(GO) run ./integration/bench $(BENCH_FLAGS)
 
 FUZZTIME ?= 30s
 fuzz: ## run each fuzzer for FUZZTIME (default 30s)

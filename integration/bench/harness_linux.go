@@ -1,0 +1,212 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+type options struct {
+	short     bool
+	reps      int
+	duration  time.Duration
+	userproxy string
+	services  []int // control plane sizes
+	hold      int   // idle connections and UDP flows for the memory table
+	out       io.Writer
+}
+
+func harnessMain(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	o := options{out: os.Stdout}
+	fs.BoolVar(&o.short, "short", false, "a few seconds per cell, small control-plane and memory sizes (CI)")
+	fs.IntVar(&o.reps, "reps", 3, "interleaved repetitions per cell (the median is reported)")
+	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of each datapath cell")
+	fs.StringVar(&o.userproxy, "userproxy", "", "the userproxy binary (default: go build ./cmd/userproxy)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	o.services, o.hold = []int{1000, 5000, 10000}, 10000
+	if o.short {
+		o.reps, o.duration, o.services, o.hold = 1, time.Second, []int{1000}, 500
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("the harness needs root (namespaces, a TUN device, iptables)")
+	}
+	for _, tool := range []string{"ip", "iptables-restore", "iperf3", "sysctl"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("the harness needs %s (apt-get install iproute2 iptables iperf3 procps): %w", tool, err)
+		}
+	}
+	dir, err := os.MkdirTemp("", "userproxy-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if o.userproxy == "" {
+		o.userproxy = filepath.Join(dir, "userproxy")
+		if out, err := exec.Command("go", "build", "-o", o.userproxy, "github.com/userproxy/userproxy/cmd/userproxy").CombinedOutput(); err != nil {
+			return fmt.Errorf("building userproxy: %w: %s", err, out)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	h := &harness{o: o, self: self, dir: dir}
+	defer h.close()
+	if err := h.setUp(); err != nil {
+		return err
+	}
+	h.machine()
+	if err := h.datapath(); err != nil {
+		return err
+	}
+	if err := h.memory(); err != nil {
+		return err
+	}
+	if err := h.controlPlane(); err != nil {
+		return err
+	}
+	if len(h.failures) > 0 {
+		return fmt.Errorf("%d cell(s) failed: %s", len(h.failures), strings.Join(h.failures, "; "))
+	}
+	return nil
+}
+
+type harness struct {
+	o        options
+	self     string
+	dir      string
+	cfg      string
+	topo     *topology
+	backends *proc
+	iperf    *proc
+	proxy    *proc
+	failures []string
+}
+
+// The services of the datapath cells.
+const (
+	tcpService   = "10.96.1.1:80"
+	udpService   = "10.96.1.2:53"
+	iperfService = "10.96.1.3:5201"
+)
+
+func (h *harness) setUp() error {
+	var err error
+	if h.topo, err = newTopology(); err != nil {
+		return err
+	}
+	addrs := make([]string, endpoints)
+	for i := range addrs {
+		addrs[i] = endpointAddr(i)
+	}
+	if h.backends, err = startProc("backends", "ip", "netns", "exec", h.topo.b, h.self, "serve", "-addrs", strings.Join(addrs, ",")); err != nil {
+		return err
+	}
+	if l, err := h.backends.line(10 * time.Second); err != nil || l != "ready" {
+		return fmt.Errorf("backends did not start: %q %v", l, err)
+	}
+	if h.iperf, err = startProc("iperf3 server", "ip", "netns", "exec", h.topo.b, "iperf3", "-s", "-B", endpointAddr(0), "-p", "5201", "--logfile", filepath.Join(h.dir, "iperf3.log")); err != nil {
+		return err
+	}
+	h.cfg = filepath.Join(h.dir, "services.yaml")
+	if err := os.WriteFile(h.cfg, []byte(benchConfig(0)), 0o644); err != nil {
+		return err
+	}
+	if _, err := h.loadKernelRules(time.Minute); err != nil {
+		return err
+	}
+	h.proxy, err = startProc("userproxy", "ip", "netns", "exec", h.topo.u, h.o.userproxy, "run", "--config", h.cfg,
+		"--tun-name", tunName, "--service-cidr", serviceCIDR, "--min-sync-period", "0", "--admin-addr", "",
+		"--log-format", "json", "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	// Ready when a connection through the TUN gets its echo.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := h.load(h.topo.u, 10*time.Second, "-mode", "lat", "-targets", tcpService, "-count", "1")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("userproxy not answering within 30 s: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
+func (h *harness) close() {
+	for _, p := range []*proc{h.proxy, h.iperf, h.backends} {
+		if p != nil {
+			if err := p.stop(10 * time.Second); err != nil && p == h.proxy {
+				fmt.Fprintf(os.Stderr, "bench: userproxy exit: %v\n", err)
+			}
+		}
+	}
+	if h.topo != nil {
+		h.topo.remove()
+	}
+}
+
+// loadKernelRules loads what `userproxy rules` prints for the current config
+// into K, as kube-proxy's sync does, and returns how long the restore took.
+func (h *harness) loadKernelRules(timeout time.Duration) (time.Duration, error) {
+	rules, err := exec.Command(h.o.userproxy, "rules", "--config", h.cfg, "--format", "restore", "--jump-rules").Output()
+	if err != nil {
+		return 0, fmt.Errorf("userproxy rules: %w", err)
+	}
+	rulesFile := filepath.Join(h.dir, "rules")
+	if err := os.WriteFile(rulesFile, rules, 0o644); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	_, err = inNS(h.topo.k, timeout, "iptables-restore", rulesFile)
+	return time.Since(start), err
+}
+
+// load runs the load generator in namespace ns and decodes its result.
+func (h *harness) load(ns string, timeout time.Duration, args ...string) (loadResult, error) {
+	out, err := inNS(ns, timeout, h.self, append([]string{"load"}, args...)...)
+	var r loadResult
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		return r, fmt.Errorf("load output %q: %w", out, err)
+	}
+	return r, nil
+}
+
+// machine prints the facts the figures depend on.
+func (h *harness) machine() {
+	uname, _ := exec.Command("uname", "-sr").Output()
+	ipt, _ := exec.Command("iptables", "--version").Output()
+	iperf, _ := exec.Command("iperf3", "--version").Output()
+	first, _, _ := strings.Cut(string(iperf), "\n")
+	fmt.Fprintf(h.o.out, "# userproxy benchmark harness, %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(h.o.out, "- machine: %s, %d CPUs, %s; %s; %s\n", strings.TrimSpace(string(uname)), runtime.NumCPU(),
+		runtime.Version(), strings.TrimSpace(string(ipt)), strings.TrimSpace(first))
+	fmt.Fprintf(h.o.out, "- topology: client namespace -> veth -> endpoints namespace; %d repetition(s), interleaved, %v per datapath cell\n\n",
+		h.o.reps, h.o.duration)
+}
+
+func (h *harness) fail(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	h.failures = append(h.failures, msg)
+	fmt.Fprintln(os.Stderr, "bench: FAIL:", msg)
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

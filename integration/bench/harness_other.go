@@ -1,0 +1,9 @@
+//go:build !linux
+
+package main
+
+import "errors"
+
+func harnessMain([]string) error {
+	return errors.New("the harness needs Linux (network namespaces, a TUN device, iptables)")
+}

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -73,6 +74,9 @@ type Config struct {
 	// Rules are the options of /debug/rules; the query parameters format
 	// and family override Format and Family.
 	Rules RulesOptions
+	// Profiling serves Go's profiles under /debug/pprof/ (kube-proxy's
+	// enableProfiling). Off by default: a CPU profile costs the datapath.
+	Profiling bool
 	// ShutdownTimeout bounds the graceful shutdown when Serve's context
 	// ends; zero means DefaultShutdownTimeout. Requests still running
 	// after it are cut.
@@ -114,6 +118,13 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("POST /debug/conntrack/flush", s.conntrackFlush)
 	mux.HandleFunc("GET /debug/services", s.services)
 	mux.HandleFunc("GET /debug/rules", s.rules)
+	if cfg.Profiling {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	s.handler = mux
 	return s
 }

@@ -349,6 +349,20 @@ func TestIndexAndNotFound(t *testing.T) {
 	}
 }
 
+// TestProfiling: /debug/pprof/ only when Config.Profiling is set.
+func TestProfiling(t *testing.T) {
+	if code, _ := get(t, admin.New(admin.Config{}).Handler(), "GET", "/debug/pprof/"); code != http.StatusNotFound {
+		t.Errorf("pprof without Profiling: %d, want 404", code)
+	}
+	h := admin.New(admin.Config{Profiling: true}).Handler()
+	if code, body := get(t, h, "GET", "/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
+		t.Errorf("pprof index with Profiling: %d %.80q", code, body)
+	}
+	if code, body := get(t, h, "GET", "/debug/pprof/goroutine?debug=1"); code != 200 || !strings.Contains(body, "goroutine profile:") {
+		t.Errorf("goroutine profile: %d %.80q", code, body)
+	}
+}
+
 // TestServeAndClient runs the real server on a loopback port, drives it
 // with the CLI helpers, and stops it through the context.
 func TestServeAndClient(t *testing.T) {

@@ -27,6 +27,7 @@ type adminDeps struct {
 	src       objectSource
 	firstSync <-chan struct{}
 	rules     admin.RulesOptions
+	profiling bool
 }
 
 // startAdmin serves the admin endpoints on addr until ctx ends; the returned
@@ -53,6 +54,7 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 		Table:     func() *service.Table { return d.px.Table() },
 		Conntrack: d.ct,
 		Rules:     d.rules,
+		Profiling: d.profiling,
 	})
 	ln, err := srv.Listen(addr)
 	if err != nil {

@@ -60,6 +60,7 @@ type runFlags struct {
 	maxInFlightClient  int
 	maxUDPSessions     int
 	handshakeTimeout   time.Duration
+	profiling          bool
 	log                logFlags
 }
 
@@ -88,6 +89,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxInFlightClient, "max-inflight-per-client", 128, "one client address's share of --max-inflight")
 	fs.IntVar(&f.maxUDPSessions, "max-udp-sessions", 65536, "concurrent UDP flows; further flows are refused (counted as table_full)")
 	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "time a client has to complete its TCP handshake once the endpoint was dialled")
+	fs.BoolVar(&f.profiling, "profiling", false, "serve Go's profiles on the admin server under /debug/pprof/")
 	f.log.register(fs)
 }
 
@@ -220,7 +222,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 
 	// 6. The admin server.
 	if f.adminAddr != "" {
-		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync}, logger.Named("admin"))
+		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, profiling: f.profiling}, logger.Named("admin"))
 		if err != nil {
 			return err
 		}

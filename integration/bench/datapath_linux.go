@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -37,6 +38,23 @@ func (h *harness) paths() []path {
 }
 
 func (h *harness) cells() []cell {
+	all := h.allCells()
+	if h.o.cells == "" {
+		return all
+	}
+	var cs []cell
+	for _, c := range all {
+		for _, w := range strings.Split(h.o.cells, ",") {
+			if strings.Contains(c.name, w) {
+				cs = append(cs, c)
+				break
+			}
+		}
+	}
+	return cs
+}
+
+func (h *harness) allCells() []cell {
 	d := h.o.duration
 	secs := fmt.Sprintf("%d", max(1, int(d.Seconds()+0.5)))
 	limit := d + 30*time.Second
@@ -94,8 +112,17 @@ func (h *harness) datapath() error {
 				if p.proxied {
 					_ = resetPeak(pid)
 				}
+				var prof *proc
+				if p.proxied && rep == 0 && h.o.profile != "" {
+					prof = h.startProfile(cl.name)
+				}
 				cpu0, _ := cpuSeconds(pid)
 				s, err := cl.run(h, p)
+				if prof != nil {
+					if perr := prof.wait(h.o.duration + 30*time.Second); perr != nil {
+						h.fail("profile of %s: %v", cl.name, perr)
+					}
+				}
 				if err != nil {
 					h.fail("%s over %s (repetition %d): %v", cl.name, p.name, rep+1, err)
 					continue
@@ -168,4 +195,23 @@ func median(ss []sample, p99 bool) float64 {
 		}
 	}
 	return medianOf(v)
+}
+
+// startProfile asks userproxy for a CPU profile as long as a cell, saved
+// as <profile dir>/<cell>.pprof.
+func (h *harness) startProfile(cell string) *proc {
+	name := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, cell)
+	secs := max(1, int(h.o.duration.Seconds()))
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", adminAddr, secs)
+	p, err := startProc("profile", "ip", "netns", "exec", h.topo.u, h.self, "fetch", url, filepath.Join(h.o.profile, name+".pprof"))
+	if err != nil {
+		h.fail("profile of %s: %v", cell, err)
+		return nil
+	}
+	return p
 }

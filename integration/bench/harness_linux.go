@@ -20,8 +20,11 @@ type options struct {
 	reps      int
 	duration  time.Duration
 	userproxy string
-	services  []int // control plane sizes
-	hold      int   // idle connections and UDP flows for the memory table
+	profile   string // directory for CPU profiles of userproxy, one per cell
+	cells     string // only the datapath cells whose names contain one of these words
+	datapath  bool   // only the datapath table
+	services  []int  // control plane sizes
+	hold      int    // idle connections and UDP flows for the memory table
 	out       io.Writer
 }
 
@@ -32,12 +35,23 @@ func harnessMain(args []string) error {
 	fs.IntVar(&o.reps, "reps", 3, "interleaved repetitions per cell (the median is reported)")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of each datapath cell")
 	fs.StringVar(&o.userproxy, "userproxy", "", "the userproxy binary (default: go build ./cmd/userproxy)")
+	fs.StringVar(&o.profile, "profile", "", "save a CPU profile of userproxy per datapath cell (first repetition) in this directory")
+	fs.StringVar(&o.cells, "cells", "", "comma-separated: only the datapath cells whose names contain one of these (e.g. conn,UDP)")
+	fs.BoolVar(&o.datapath, "datapath-only", false, "only the datapath table (no memory, no control plane)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	o.services, o.hold = []int{1000, 5000, 10000}, 10000
 	if o.short {
-		o.reps, o.duration, o.services, o.hold = 1, time.Second, []int{1000}, 500
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		o.services, o.hold = []int{1000}, 500
+		if !set["reps"] {
+			o.reps = 1
+		}
+		if !set["duration"] {
+			o.duration = time.Second
+		}
 	}
 	if os.Geteuid() != 0 {
 		return errors.New("the harness needs root (namespaces, a TUN device, iptables)")
@@ -71,11 +85,13 @@ func harnessMain(args []string) error {
 	if err := h.datapath(); err != nil {
 		return err
 	}
-	if err := h.memory(); err != nil {
-		return err
-	}
-	if err := h.controlPlane(); err != nil {
-		return err
+	if !o.datapath {
+		if err := h.memory(); err != nil {
+			return err
+		}
+		if err := h.controlPlane(); err != nil {
+			return err
+		}
 	}
 	if len(h.failures) > 0 {
 		return fmt.Errorf("%d cell(s) failed: %s", len(h.failures), strings.Join(h.failures, "; "))
@@ -100,6 +116,7 @@ const (
 	tcpService   = "10.96.1.1:80"
 	udpService   = "10.96.1.2:53"
 	iperfService = "10.96.1.3:5201"
+	adminAddr    = "127.0.0.1:10249" // in U, with -profile only
 )
 
 func (h *harness) setUp() error {
@@ -127,9 +144,13 @@ func (h *harness) setUp() error {
 	if _, err := h.loadKernelRules(time.Minute); err != nil {
 		return err
 	}
-	h.proxy, err = startProc("userproxy", "ip", "netns", "exec", h.topo.u, h.o.userproxy, "run", "--config", h.cfg,
-		"--tun-name", tunName, "--service-cidr", serviceCIDR, "--min-sync-period", "0", "--admin-addr", "",
-		"--log-format", "json", "--log-level", "warn")
+	adminFlags := []string{"--admin-addr", ""}
+	if h.o.profile != "" {
+		adminFlags = []string{"--admin-addr", adminAddr, "--profiling"}
+	}
+	h.proxy, err = startProc("userproxy", "ip", append([]string{"netns", "exec", h.topo.u, h.o.userproxy, "run", "--config", h.cfg,
+		"--tun-name", tunName, "--service-cidr", serviceCIDR, "--min-sync-period", "0",
+		"--log-format", "json", "--log-level", "warn"}, adminFlags...)...)
 	if err != nil {
 		return err
 	}

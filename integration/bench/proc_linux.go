@@ -87,6 +87,18 @@ func (p *proc) stop(grace time.Duration) error {
 	}
 }
 
+// wait waits for the process to exit by itself, killing it after timeout.
+func (p *proc) wait(timeout time.Duration) error {
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(timeout):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("%s: killed after %v", p.name, timeout)
+	}
+}
+
 // cpuSeconds is the process's user+system CPU time from /proc/PID/stat.
 func cpuSeconds(pid int) (float64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

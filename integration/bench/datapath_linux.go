@@ -22,6 +22,7 @@ type sample struct {
 	cpu        float64 // userproxy CPU seconds during the cell
 	hwm        int64   // userproxy peak RSS during the cell, KiB
 	errors     int64
+	ops        float64 // operations (bits for the bulk cell) in the cell, for CPU per op
 }
 
 type cell struct {
@@ -69,6 +70,7 @@ func (h *harness) allCells() []cell {
 				End struct {
 					SumReceived struct {
 						BitsPerSecond float64 `json:"bits_per_second"`
+						Bytes         float64 `json:"bytes"`
 					} `json:"sum_received"`
 				} `json:"end"`
 				Error string `json:"error"`
@@ -79,19 +81,19 @@ func (h *harness) allCells() []cell {
 			if r.Error != "" {
 				return sample{}, fmt.Errorf("iperf3: %s", r.Error)
 			}
-			return sample{value: r.End.SumReceived.BitsPerSecond / 1e9}, nil
+			return sample{value: r.End.SumReceived.BitsPerSecond / 1e9, ops: r.End.SumReceived.Bytes}, nil
 		}},
 		{"TCP conn/s (64 workers)", "conn/s", func(h *harness, p path) (sample, error) {
 			r, err := h.load(p.ns, limit, "-mode", "conn", "-target", p.tcp, "-workers", "64", "-duration", d.String())
-			return sample{value: r.Rate, errors: r.Errors}, err
+			return sample{value: r.Rate, errors: r.Errors, ops: float64(r.Ops)}, err
 		}},
 		{"RR p50 / p99 (one conn)", "µs", func(h *harness, p path) (sample, error) {
 			r, err := h.load(p.ns, limit, "-mode", "rr", "-target", p.tcp, "-duration", d.String())
-			return sample{value: r.P50us, p99: r.P99us, errors: r.Errors}, err
+			return sample{value: r.P50us, p99: r.P99us, errors: r.Errors, ops: float64(r.Ops)}, err
 		}},
 		{"UDP RR/s (16 in flight)", "RR/s", func(h *harness, p path) (sample, error) {
 			r, err := h.load(p.ns, limit, "-mode", "udp", "-target", p.udp, "-workers", "16", "-duration", d.String())
-			return sample{value: r.Rate, errors: r.Errors}, err
+			return sample{value: r.Rate, errors: r.Errors, ops: float64(r.Ops)}, err
 		}},
 	}
 }
@@ -169,16 +171,21 @@ func (h *harness) datapath() error {
 		if !p.proxied {
 			continue
 		}
-		fmt.Fprintf(h.o.out, "| userproxy CPU s per cell / peak RSS |")
-		for c := range cells {
+		fmt.Fprintf(h.o.out, "| userproxy CPU per cell (per operation) / peak RSS |")
+		for c, cl := range cells {
 			ss := samples[c][pi]
-			cpu := make([]float64, len(ss))
+			cpu, per := make([]float64, len(ss)), make([]float64, len(ss))
 			var hwm int64
 			for i, s := range ss {
 				cpu[i] = s.cpu
+				per[i] = s.cpu / max(s.ops, 1)
 				hwm = max(hwm, s.hwm)
 			}
-			fmt.Fprintf(h.o.out, " %.2f s / %.1f MiB |", medianOf(cpu), float64(hwm)/1024)
+			unit, scale := "µs/op", 1e6
+			if cl.unit == "Gbit/s" {
+				unit, scale = "s/GB", 1e9
+			}
+			fmt.Fprintf(h.o.out, " %.2f s (%.1f %s) / %.1f MiB |", medianOf(cpu), medianOf(per)*scale, unit, float64(hwm)/1024)
 		}
 		fmt.Fprintln(h.o.out)
 	}

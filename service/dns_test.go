@@ -13,7 +13,9 @@ import (
 	"github.com/userproxy/userproxy/service"
 )
 
-func headless(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ClusterIPNone, []string{v1.ClusterIPNone} }
+func headless(s *v1.Service) {
+	s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ClusterIPNone, []string{v1.ClusterIPNone}
+}
 
 func publishNotReady(s *v1.Service) { s.Spec.PublishNotReadyAddresses = true }
 

@@ -3,8 +3,8 @@ package admin_test
 import (
 	"io"
 	"net/http"
-	"net/netip"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"

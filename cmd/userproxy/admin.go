@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/userproxy/userproxy/admin"
+	"github.com/userproxy/userproxy/clusterdns"
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/proxy"
@@ -27,6 +28,7 @@ type adminDeps struct {
 	src       objectSource
 	firstSync <-chan struct{}
 	rules     admin.RulesOptions
+	dns       *clusterdns.Responder // nil with --dns=false
 }
 
 // startAdmin serves the admin endpoints on addr until ctx ends; the returned
@@ -43,17 +45,21 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 	if fs, ok := d.src.(*file.Source); ok {
 		sources.ReloadErrors = func() uint64 { return fs.Stats().Errors }
 	}
-	if err := admin.RegisterMetrics(reg, sources); err != nil {
-		return nil, fmt.Errorf("admin: registering metrics: %w", err)
-	}
-	srv := admin.New(admin.Config{
+	cfg := admin.Config{
 		Logger:    logger,
 		Gatherer:  reg,
 		Health:    admin.CheckAll(sourceHealth(d.src), admin.SyncHealth(d.tracker, time.Minute, time.Now)),
 		Table:     func() *service.Table { return d.px.Table() },
 		Conntrack: d.ct,
 		Rules:     d.rules,
-	})
+	}
+	if d.dns != nil { // a nil *Responder in an interface would not be nil
+		sources.DNS, cfg.DNS = d.dns, d.dns
+	}
+	if err := admin.RegisterMetrics(reg, sources); err != nil {
+		return nil, fmt.Errorf("admin: registering metrics: %w", err)
+	}
+	srv := admin.New(cfg)
 	ln, err := srv.Listen(addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin: %w", err)

@@ -131,6 +131,9 @@ ports: [{name: dns, protocol: UDP, port: %[1]d}]
 	return b.String()
 }
 
+// output is what the process wrote so far (read under the writer's lock).
+func output(p *proc) string { return p.cmd.Stdout.(*lockedWriter).String() }
+
 // pollDig asks until the +short answer is want (bounded; no assertion on
 // how fast).
 func (b *binNS) pollDig(want string, args ...string) {
@@ -254,7 +257,7 @@ func TestBinaryDNS(t *testing.T) {
 	if err := p.stop(t); err != nil {
 		t.Fatalf("exit after SIGTERM: %v", err)
 	}
-	log := p.out.String()
+	log := output(p)
 	for _, want := range []string{
 		`not registered with the host's resolver (not in the host's network namespace)`, // not the host's resolved
 		`nameserver 10.96.0.10`,
@@ -305,7 +308,7 @@ func TestBinaryDNSStepsAside(t *testing.T) {
 	if _, body, _ := b.get("/debug/dns"); !strings.Contains(body, "stepped aside for kube-system/kube-dns") {
 		t.Errorf("/debug/dns:\n%s", body)
 	}
-	if !strings.Contains(p.out.String(), "dns: stepped aside for kube-system/kube-dns") {
+	if !strings.Contains(output(p), "dns: stepped aside for kube-system/kube-dns") {
 		t.Error("the log does not say the responder stepped aside")
 	}
 
@@ -315,7 +318,7 @@ func TestBinaryDNSStepsAside(t *testing.T) {
 	if err := p.stop(t); err != nil {
 		t.Fatalf("exit after SIGTERM: %v", err)
 	}
-	if !strings.Contains(p.out.String(), "dns: answering again") {
+	if !strings.Contains(output(p), "dns: answering again") {
 		t.Error("the log does not say the responder answers again")
 	}
 }

@@ -93,8 +93,8 @@ func (t *Table) DNSByIP(ip netip.Addr) (ServiceName, bool) {
 	if t == nil || ip.Zone() != "" {
 		return ServiceName{}, false
 	}
-	b := ip.As16()
-	n, ok := t.ptr[ipShard(&b)][ip]
+	k := makeKey(ip, 0, 0)
+	n, ok := t.ptr[ipShard(&k.addr)][k]
 	return n, ok
 }
 
@@ -298,35 +298,33 @@ func (b *tableBuilder) setDNS(n ServiceName, d *DNSService) {
 		b.t.dns[i] = cloneMap(b.t.dns[i], b.grow)
 	}
 	m := b.t.dns[i]
-	if _, had := m[n]; had {
-		b.t.nDNS--
-	}
+	before := len(m)
 	if d == nil {
 		delete(m, n)
-		return
+	} else {
+		m[n] = d
 	}
-	m[n] = d
-	b.t.nDNS++
+	b.t.nDNS += len(m) - before
 }
 
 func (b *tableBuilder) getPTR(ip netip.Addr) (ServiceName, bool) {
-	a := ip.As16()
-	n, ok := b.t.ptr[ipShard(&a)][ip]
+	k := makeKey(ip, 0, 0)
+	n, ok := b.t.ptr[ipShard(&k.addr)][k]
 	return n, ok
 }
 
 func (b *tableBuilder) setPTR(ip netip.Addr, n ServiceName, set bool) {
 	b.touched = true
-	a := ip.As16()
-	i := ipShard(&a)
+	k := makeKey(ip, 0, 0)
+	i := ipShard(&k.addr)
 	if !b.ownPTR[i] {
 		b.ownPTR[i] = true
 		b.t.ptr[i] = cloneMap(b.t.ptr[i], b.grow)
 	}
 	if set {
-		b.t.ptr[i][ip] = n
+		b.t.ptr[i][k] = n
 	} else {
-		delete(b.t.ptr[i], ip)
+		delete(b.t.ptr[i], k)
 	}
 }
 

@@ -27,7 +27,7 @@ type Table struct {
 	// The DNS view (dns.go): services by name, ClusterIP -> service for
 	// PTR records, and the namespaces that have a service.
 	dns        [numShards]map[ServiceName]*DNSService
-	ptr        [numShards]map[netip.Addr]ServiceName
+	ptr        [numShards]map[lookupKey]ServiceName // keys: makeKey(ip, 0, 0)
 	namespaces map[string]struct{}
 	nDNS       int
 

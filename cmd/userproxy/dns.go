@@ -28,6 +28,10 @@ import (
 	"github.com/userproxy/userproxy/service"
 )
 
+// The responder serves the proxy's local flows (clusterdns may not import
+// proxy, so the assertion lives here).
+var _ proxy.LocalHandler = (*clusterdns.Responder)(nil)
+
 // dnsFlags are run's cluster DNS flags.
 type dnsFlags struct {
 	enabled    bool

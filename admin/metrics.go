@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/userproxy/userproxy/clusterdns"
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/proxy"
 	"github.com/userproxy/userproxy/service"
@@ -64,6 +65,8 @@ type Sources struct {
 	// ReloadErrors feeds config_reload_errors_total: the failed reads of
 	// the configuration source (file.Source's Stats().Errors).
 	ReloadErrors func() uint64
+	// DNS feeds the dns_* metrics (*clusterdns.Responder).
+	DNS interface{ Stats() clusterdns.Stats }
 }
 
 // RegisterMetrics registers the collector of src on reg.
@@ -87,6 +90,9 @@ func NewCollector(src Sources) prometheus.Collector {
 	}
 	if src.Gate != nil {
 		c.groups = append(c.groups, gateGroup(src.Gate))
+	}
+	if src.DNS != nil {
+		c.groups = append(c.groups, dnsGroup(src.DNS.Stats))
 	}
 	if src.ReloadErrors != nil {
 		c.groups = append(c.groups, &group[uint64]{snapshot: src.ReloadErrors, defs: []def[uint64]{
@@ -312,5 +318,25 @@ func gateGroup(snap func() GateStats) metricGroup {
 			func(s *GateStats) uint64 { return s.HandlerPanics }),
 		counter("gate_handshakes_aborted_total", "TCP handshakes aborted because the client did not complete them in time.",
 			func(s *GateStats) uint64 { return s.HandshakesAborted }),
+	}}
+}
+
+// dnsGroup: the cluster DNS responder.
+func dnsGroup(snap func() clusterdns.Stats) metricGroup {
+	return &group[clusterdns.Stats]{snapshot: snap, defs: []def[clusterdns.Stats]{
+		labeled("dns_queries_total", "Cluster DNS queries answered, by query type and response code.",
+			prometheus.CounterValue, []string{"type", "rcode"}, func(s *clusterdns.Stats, emit func(float64, ...string)) {
+				for _, q := range s.Queries {
+					emit(float64(q.N), q.Type, q.Rcode)
+				}
+			}),
+		counter("dns_dropped_total", "Cluster DNS messages left unanswered (responses, messages shorter than a header).",
+			func(s *clusterdns.Stats) uint64 { return s.Dropped }),
+		counter("dns_truncated_total", "Cluster DNS replies sent over UDP with the TC bit (the client retries over TCP).",
+			func(s *clusterdns.Stats) uint64 { return s.Truncated }),
+		counter("dns_forwarded_total", "Queries outside the cluster domain sent to --dns-upstream.",
+			func(s *clusterdns.Stats) uint64 { return s.Forwarded }),
+		counter("dns_upstream_errors_total", "Forwarded queries the upstream server did not answer in time (answered SERVFAIL).",
+			func(s *clusterdns.Stats) uint64 { return s.UpstreamErrors }),
 	}}
 }

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/userproxy/userproxy/admin"
+	"github.com/userproxy/userproxy/clusterdns"
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/proxy"
@@ -27,7 +29,29 @@ type (
 	fakeConntrack struct{ s conntrack.Stats }
 	fakeProxy     struct{ s proxy.Stats }
 	fakeTracker   struct{ s service.Stats }
+	fakeDNS       struct {
+		s  clusterdns.Stats
+		st clusterdns.Status
+	}
 )
+
+func (f fakeDNS) Stats() clusterdns.Stats   { return f.s }
+func (f fakeDNS) Status() clusterdns.Status { return f.st }
+
+// dnsFake holds a responder's counters, and its status with one address
+// served and one stepped aside.
+var dnsFake = fakeDNS{
+	s: clusterdns.Stats{
+		Queries:   []clusterdns.QueryCount{{Type: "A", Rcode: "NOERROR", N: 5}, {Type: "SRV", Rcode: "NXDOMAIN", N: 1}},
+		Dropped:   1,
+		Truncated: 2,
+		Forwarded: 3, UpstreamErrors: 1,
+	},
+	st: clusterdns.Status{Domain: "cluster.local.", Addrs: []clusterdns.AddrStatus{
+		{Addr: netip.MustParseAddrPort("10.96.0.10:53")},
+		{Addr: netip.MustParseAddrPort("[fd00:96::a]:53"), SteppedAsideFor: "kube-system/kube-dns"},
+	}},
+}
 
 func (f fakeConntrack) Stats() conntrack.Stats { return f.s }
 func (f fakeProxy) Stats() proxy.Stats         { return f.s }
@@ -81,6 +105,7 @@ func fakeSources() admin.Sources {
 				Dropped: 1, TableFull: 5, Accepted: 11, TCPInFlight: 2, InFlightLimited: 7}
 		},
 		ReloadErrors: func() uint64 { return 2 },
+		DNS:          dnsFake,
 	}
 }
 
@@ -149,6 +174,12 @@ func TestMetricsExposition(t *testing.T) {
 		"userproxy_gate_in_flight_limited_total 7",
 		"userproxy_gate_tcp_handshakes_in_flight 2",
 		"userproxy_config_reload_errors_total 2",
+		`userproxy_dns_queries_total{rcode="NOERROR",type="A"} 5`,
+		`userproxy_dns_queries_total{rcode="NXDOMAIN",type="SRV"} 1`,
+		"userproxy_dns_dropped_total 1",
+		"userproxy_dns_truncated_total 2",
+		"userproxy_dns_forwarded_total 3",
+		"userproxy_dns_upstream_errors_total 1",
 	} {
 		if !strings.Contains(string(body), "\n"+line+"\n") {
 			t.Errorf("/metrics lacks the line %q", line)

@@ -6,7 +6,7 @@ package admin
 //     server until its context ends, then shuts it down gracefully;
 //  2. the mux routes by method and path: /healthz, /livez, /metrics,
 //     /debug/conntrack (GET) and /debug/conntrack/flush (POST),
-//     /debug/services, /debug/rules;
+//     /debug/services, /debug/rules, /debug/dns;
 //  3. each handler reads the current state through Config (the health
 //     check, the gatherer, the service table, the conntrack table) and
 //     answers in plain text.
@@ -30,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/userproxy/userproxy/clusterdns"
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/service"
 )
@@ -77,6 +78,12 @@ type Config struct {
 	// Profiling serves Go's profiles under /debug/pprof/ (kube-proxy's
 	// enableProfiling). Off by default: a CPU profile costs the datapath.
 	Profiling bool
+	// DNS serves /debug/dns (*clusterdns.Responder); nil when cluster DNS
+	// is off.
+	DNS interface {
+		Status() clusterdns.Status
+		Stats() clusterdns.Stats
+	}
 	// ShutdownTimeout bounds the graceful shutdown when Serve's context
 	// ends; zero means DefaultShutdownTimeout. Requests still running
 	// after it are cut.
@@ -125,6 +132,7 @@ func New(cfg Config) *Server {
 		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
+	mux.HandleFunc("GET /debug/dns", s.dns)
 	s.handler = mux
 	return s
 }
@@ -217,6 +225,7 @@ func (s *Server) index(w http.ResponseWriter, _ *http.Request) {
 /debug/conntrack/flush   POST: delete the entries the same parameters select; answers the number deleted
 /debug/services          service ports, their endpoints, skipped services
 /debug/rules             the iptables rules kube-proxy would write (?format=save|restore&family=4|6)
+/debug/dns               the cluster DNS responder: addresses, whether it steps aside for a Service, queries
 `)
 }
 
@@ -459,6 +468,38 @@ func writeServices(b *bytes.Buffer, t *service.Table) {
 			}
 			b.WriteString(": " + sk.Reason + "\n")
 		}
+	}
+}
+
+func (s *Server) dns(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.DNS == nil {
+		writeText(w, http.StatusServiceUnavailable, "cluster DNS is off (--dns=false)\n")
+		return
+	}
+	var b bytes.Buffer
+	writeDNS(&b, s.cfg.DNS.Status(), s.cfg.DNS.Stats())
+	writeText(w, http.StatusOK, b.String())
+}
+
+// writeDNS prints the responder's state: one line per address, saying
+// whether it answers or steps aside for a Service, then the counters.
+func writeDNS(b *bytes.Buffer, st clusterdns.Status, stats clusterdns.Stats) {
+	upstream := st.Upstream
+	if upstream == "" {
+		upstream = "none (names outside the domain are REFUSED)"
+	}
+	fmt.Fprintf(b, "# cluster DNS for %s, upstream %s\n", st.Domain, upstream)
+	for _, a := range st.Addrs {
+		if a.SteppedAsideFor != "" {
+			fmt.Fprintf(b, "dns %s: stepped aside for %s (its Service owns the address; queries go to its endpoints)\n", a.Addr, a.SteppedAsideFor)
+		} else {
+			fmt.Fprintf(b, "dns %s: answering (udp, tcp)\n", a.Addr)
+		}
+	}
+	fmt.Fprintf(b, "# dropped %d, truncated %d, forwarded %d, upstream errors %d; answered queries by type and rcode:\n",
+		stats.Dropped, stats.Truncated, stats.Forwarded, stats.UpstreamErrors)
+	for _, q := range stats.Queries {
+		fmt.Fprintf(b, "%s %s %d\n", q.Type, q.Rcode, q.N)
 	}
 }
 

@@ -467,3 +467,23 @@ func TestServeStops(t *testing.T) {
 		t.Error("FetchConntrack without a server: no error")
 	}
 }
+
+func TestDebugDNS(t *testing.T) {
+	if code, body := get(t, admin.New(admin.Config{}).Handler(), "GET", "/debug/dns"); code != http.StatusServiceUnavailable || !strings.Contains(body, "off") {
+		t.Errorf("without DNS: %d %q", code, body)
+	}
+	code, body := get(t, admin.New(admin.Config{DNS: dnsFake}).Handler(), "GET", "/debug/dns")
+	want := `# cluster DNS for cluster.local., upstream none (names outside the domain are REFUSED)
+dns 10.96.0.10:53: answering (udp, tcp)
+dns [fd00:96::a]:53: stepped aside for kube-system/kube-dns (its Service owns the address; queries go to its endpoints)
+# dropped 1, truncated 2, forwarded 3, upstream errors 1; answered queries by type and rcode:
+A NOERROR 5
+SRV NXDOMAIN 1
+`
+	if code != 200 {
+		t.Fatalf("status %d: %s", code, body)
+	}
+	if diff := cmp.Diff(want, body); diff != "" {
+		t.Errorf("/debug/dns (-want +got):\n%s", diff)
+	}
+}

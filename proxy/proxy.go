@@ -15,11 +15,14 @@ package proxy
 //  4. SetTable swaps in a new service table; endpoints that left UDP service
 //     ports lose their conntrack entries (so the next datagram picks a live
 //     endpoint), and affinity lists of departed endpoints are dropped.
+//  5. Local servers (local.go): a flow to an address registered with
+//     SetLocal that no service port claims is served in-process.
 
 import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,7 +78,10 @@ type Proxy struct {
 
 	udpSessions atomic.Int64
 	stats       counters
-	closing     atomic.Bool
+	// locals maps the addresses of local servers to their handlers
+	// (copy-on-write; see SetLocal).
+	locals  atomic.Pointer[map[netip.AddrPort]LocalHandler]
+	closing atomic.Bool
 }
 
 var _ netstack.FlowHandler = (*Proxy)(nil)
@@ -212,6 +218,9 @@ func (p *Proxy) Admit(flow conntrack.Tuple) netstack.Decision {
 		p.stats.count(flow.Proto(), ResultRejectedNoEndpoints)
 		return netstack.Reject
 	default:
+		if p.localFor(t, netip.AddrPortFrom(flow.DstAddr(), flow.DstPort())) != nil {
+			return netstack.Accept
+		}
 		p.stats.count(flow.Proto(), ResultRejectedNoService)
 		return netstack.Reject
 	}

@@ -20,10 +20,13 @@ const (
 	ResultDroppedLocalPolicy
 	ResultDialFailed
 	ResultTableFull
+	// ResultLocal: served by a local handler (SetLocal), such as cluster
+	// DNS.
+	ResultLocal
 	numResults
 )
 
-var resultNames = [numResults]string{"proxied", "rejected_no_service", "rejected_no_endpoints", "dropped_local_policy", "dial_failed", "table_full"}
+var resultNames = [numResults]string{"proxied", "rejected_no_service", "rejected_no_endpoints", "dropped_local_policy", "dial_failed", "table_full", "local"}
 
 func (r Result) String() string { return resultNames[r] }
 

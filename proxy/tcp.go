@@ -30,6 +30,10 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 	tuple := r.Tuple()
 	port, i, _, v := p.route(service.TCP, tuple) // 1
 	if port == nil {
+		if h := p.localFor(p.table.Load(), r.Service()); h != nil {
+			p.serveLocalTCP(r, h)
+			return
+		}
 		if v.Drop() {
 			r.Ignore()
 		} else {

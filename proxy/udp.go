@@ -2,7 +2,8 @@ package proxy
 
 // A UDP flow:
 //
-//  1. route: look up the service port, pick the endpoint; over the session
+//  1. route: look up the service port, pick the endpoint (no service port
+//     but a local server: local.go serves the flow); over the session
 //     bound, refuse (the conntrack entry goes, so a later datagram retries).
 //  2. a host UDP socket connected to the endpoint (no handshake: never
 //     blocks).
@@ -35,9 +36,12 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 	tuple := r.Tuple()
 	exact := conntrack.Filter{Protocol: conntrack.UDP, Src: tuple.SrcAddr(), SrcPort: tuple.SrcPort(), Dst: tuple.DstAddr(), DstPort: tuple.DstPort()}
 	port, i, _, _ := p.route(service.UDP, tuple) // 1
+	var local LocalHandler
 	if port == nil {
-		p.ct.Delete(exact)
-		return
+		if local = p.localFor(p.table.Load(), r.Service()); local == nil {
+			p.ct.Delete(exact)
+			return
+		}
 	}
 	if p.udpSessions.Add(1) > int64(p.cfg.MaxUDPSessions) {
 		p.udpSessions.Add(-1)
@@ -46,6 +50,10 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		return
 	}
 	defer p.udpSessions.Add(-1)
+	if port == nil {
+		p.serveLocalUDP(r, local, exact)
+		return
+	}
 	endpoint := port.Endpoints[i].Addr
 
 	backend, err := p.cfg.Dialer.DialContext(r.Context(), "udp", endpoint.String()) // 2

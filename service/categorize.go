@@ -47,12 +47,12 @@ func buildPorts(info *svcInfo, sl []*sliceInfo, node nodeInfo, sc *scratch) []*P
 		for _, ps := range info.ports {
 			eps := gatherEndpoints(sl, fam, ps, node, sc)
 			p := &Port{
-				Name:                       PortName{info.name.Namespace, info.name.Name, ps.name},
-				Protocol:                   ps.proto,
+				Name:                       PortName{info.name.Namespace, info.name.Name, ps.Name},
+				Protocol:                   ps.Protocol,
 				Family:                     fam,
 				ClusterIP:                  ip,
 				ClusterIPs:                 info.clusterIPs,
-				Port:                       ps.port,
+				Port:                       ps.Port,
 				Affinity:                   info.affinity,
 				InternalTrafficPolicyLocal: info.itpLocal,
 			}
@@ -90,14 +90,14 @@ func endpointKeys(eps []Endpoint, sc *scratch) []string {
 // first by slice name wins, unless a later copy is local and the first is
 // not (kube-proxy keeps an arbitrary one, but prefers a local copy; we make
 // "arbitrary" deterministic).
-func gatherEndpoints(sl []*sliceInfo, fam Family, ps portSpec, node nodeInfo, sc *scratch) []Endpoint {
+func gatherEndpoints(sl []*sliceInfo, fam Family, ps DNSPort, node nodeInfo, sc *scratch) []Endpoint {
 	dst := sc.candidates[:0]
 	for _, s := range sl {
 		if s.family != fam {
 			continue
 		}
 		for _, sp := range s.ports {
-			if sp.name != ps.name || sp.proto != ps.proto {
+			if sp.name != ps.Name || sp.proto != ps.Protocol {
 				continue
 			}
 			for i := range s.endpoints {

@@ -25,17 +25,18 @@ type svcInfo struct {
 	// clusterIPs are the parsed ClusterIPs in spec order, at most one per
 	// family.
 	clusterIPs []netip.Addr
-	ports      []portSpec
+	// ports are the proxied ports, in spec order (they are also the DNS
+	// view's ports of a service with a ClusterIP).
+	ports []DNSPort
 	// skipped lists the whole service (when skip != "") or its skipped ports.
 	skipped  []Skipped
 	affinity Affinity
 	itpLocal bool
-}
-
-type portSpec struct {
-	name  string
-	proto Protocol
-	port  uint16
+	// dns is what cluster DNS publishes of the service, when hasDNS; for a
+	// headless service, the endpoints are added at build time from its
+	// slices (buildDNS). Kept by value: one allocation less per service.
+	dns    DNSService
+	hasDNS bool
 }
 
 // newSvcInfo converts a Service, following kube-proxy's ShouldSkipService
@@ -50,6 +51,9 @@ func newSvcInfo(s *v1.Service) *svcInfo {
 		return info
 	}
 	if s.Spec.Type == v1.ServiceTypeExternalName {
+		if s.Spec.ExternalName != "" {
+			info.dns, info.hasDNS = DNSService{Name: info.name, ExternalName: s.Spec.ExternalName}, true
+		}
 		return skipAll(ReasonExternalName)
 	}
 	raw := s.Spec.ClusterIPs
@@ -62,6 +66,9 @@ func newSvcInfo(s *v1.Service) *svcInfo {
 	}
 	switch primary {
 	case v1.ClusterIPNone:
+		info.dns = DNSService{Name: info.name, Headless: true, Ports: dnsPorts(s),
+			PublishNotReadyAddresses: s.Spec.PublishNotReadyAddresses}
+		info.hasDNS = true
 		return skipAll(ReasonHeadless)
 	case "":
 		return skipAll(ReasonNoClusterIP)
@@ -116,10 +123,10 @@ func newSvcInfo(s *v1.Service) *svcInfo {
 			skipPort(fmt.Sprintf("invalid port number %d", sp.Port))
 			continue
 		}
-		ps := portSpec{name: sp.Name, proto: proto, port: uint16(sp.Port)}
+		ps := DNSPort{Name: sp.Name, Protocol: proto, Port: uint16(sp.Port)}
 		dup := false
 		for _, o := range info.ports {
-			if o.name == ps.name || (o.port == ps.port && o.proto == ps.proto) {
+			if o.Name == ps.Name || (o.Port == ps.Port && o.Protocol == ps.Protocol) {
 				dup = true
 			}
 		}
@@ -129,7 +136,37 @@ func newSvcInfo(s *v1.Service) *svcInfo {
 		}
 		info.ports = append(info.ports, ps)
 	}
+	info.dns = DNSService{Name: info.name, ClusterIPs: info.clusterIPs, Ports: info.ports}
+	info.hasDNS = true
 	return info
+}
+
+// dnsPorts returns the TCP and UDP ports of a headless service for SRV
+// records, in spec order: every port with a valid number, named or not (an
+// unnamed port is only in the answers to an SRV query for the service name
+// itself).
+func dnsPorts(s *v1.Service) []DNSPort {
+	var out []DNSPort
+	for _, sp := range s.Spec.Ports {
+		proto, ok := protocolOf(sp.Protocol)
+		if !ok || sp.Port < 1 || sp.Port > 65535 {
+			continue
+		}
+		out = append(out, DNSPort{Name: sp.Name, Protocol: proto, Port: uint16(sp.Port)})
+	}
+	return out
+}
+
+// protocolOf converts a service or endpoint port's protocol ("" is TCP);
+// ok is false for SCTP and unknown protocols.
+func protocolOf(p v1.Protocol) (Protocol, bool) {
+	switch p {
+	case v1.ProtocolTCP, "":
+		return TCP, true
+	case v1.ProtocolUDP:
+		return UDP, true
+	}
+	return 0, false
 }
 
 // sliceInfo is what the Tracker keeps of an EndpointSlice.
@@ -150,6 +187,7 @@ type slicePort struct {
 
 type sliceEndpoint struct {
 	addr                        netip.Addr
+	hostname                    string
 	nodeName, zone              string
 	ready, serving, terminating bool
 	zoneHints, nodeHints        []string
@@ -212,6 +250,9 @@ func newSliceInfo(es *discoveryv1.EndpointSlice) *sliceInfo {
 			ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
 			serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
 			terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+		}
+		if e.Hostname != nil {
+			se.hostname = *e.Hostname
 		}
 		if e.NodeName != nil {
 			se.nodeName = *e.NodeName

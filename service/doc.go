@@ -5,7 +5,14 @@
 //
 // Callers: source (feeds objects into a Tracker through the Handler
 // interface), proxy (looks flows up in Tracker.Current, reacts to Changes),
-// admin (lists Ports, Skipped and Stats).
+// clusterdns (answers names from the table's DNS view: DNSService, DNSByIP,
+// DNSNamespace), admin (lists Ports, Skipped and Stats).
+//
+// The DNS view (dns.go) is built in the same sync as the ports: every
+// Service with a ClusterIP, every headless service with the endpoints DNS
+// publishes (ready ones, or all with publishNotReadyAddresses), and every
+// ExternalName service. Headless and ExternalName services are in the view
+// but still not proxied.
 //
 // What it matches, and where kube-proxy does it:
 //   - which services are proxied: servicechangetracker.go and

@@ -24,6 +24,13 @@ type Table struct {
 	// sorted holds every Port in Ports order, in chunks (see finishSorted).
 	sorted [][]*Port
 
+	// The DNS view (dns.go): services by name, ClusterIP -> service for
+	// PTR records, and the namespaces that have a service.
+	dns        [numShards]map[ServiceName]*DNSService
+	ptr        [numShards]map[lookupKey]ServiceName // keys: makeKey(ip, 0, 0)
+	namespaces map[string]struct{}
+	nDNS       int
+
 	nPorts, nServices int
 	skipped           []Skipped
 	generation        uint64
@@ -178,6 +185,9 @@ type tableBuilder struct {
 	grow        int
 	ownIndex    [numShards]bool
 	ownServices [numShards]bool
+	// The DNS view's shards this build copied already.
+	ownDNS, ownPTR [numShards]bool
+	ownNamespaces  bool
 	// touched records whether anything was written.
 	touched bool
 	// removed and added are the Ports leaving and entering the table.
@@ -195,6 +205,7 @@ func newTableBuilder(prev *Table, changes int) *tableBuilder {
 		t.nPorts, t.nServices = prev.nPorts, prev.nServices
 		t.skipped = prev.skipped
 		t.generation = prev.generation
+		t.dns, t.ptr, t.namespaces, t.nDNS = prev.dns, prev.ptr, prev.namespaces, prev.nDNS
 	}
 	return &tableBuilder{t: t, grow: 2*changes/numShards + 4}
 }

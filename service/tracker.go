@@ -69,7 +69,9 @@ func DefaultConfig() Config {
 }
 
 // Changes describes how a table differs from the one before it. For the
-// first table, everything is added.
+// first table, everything is added. A table whose only changes are in the
+// DNS view (a headless service's endpoints, an ExternalName) is published
+// with no Ports changes.
 type Changes struct {
 	// Added, Removed and Changed name the services that gained their first
 	// Port, lost their last one, or had a Port change. Sorted.
@@ -140,9 +142,14 @@ type Tracker struct {
 	// the first that claim a ClusterIP.
 	conflicts map[lookupKey][]*Port
 	ipExtra   map[netip.Addr]int
-	skipped   map[ServiceName][]Skipped
-	noLocal   int
-	scratch   scratch
+	// ptrWaiting holds, per ClusterIP, the services that lost its PTR
+	// record to a lower name; nsRefs counts the DNS view's services per
+	// namespace.
+	ptrWaiting map[netip.Addr][]ServiceName
+	nsRefs     map[string]int
+	skipped    map[ServiceName][]Skipped
+	noLocal    int
+	scratch    scratch
 
 	stats           Stats
 	syncHist        histogram
@@ -159,6 +166,7 @@ type svcState struct {
 	ports    []*Port
 	ips      []netip.Addr
 	skipped  []Skipped
+	dns      *DNSService
 	triggers []time.Time
 }
 
@@ -182,6 +190,8 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		services:        make(map[ServiceName]*svcState),
 		conflicts:       make(map[lookupKey][]*Port),
 		ipExtra:         make(map[netip.Addr]int),
+		ptrWaiting:      make(map[netip.Addr][]ServiceName),
+		nsRefs:          make(map[string]int),
 		skipped:         make(map[ServiceName][]Skipped),
 		syncHist:        newHistogram(SyncDurationBounds),
 		programmingHist: newHistogram(NetworkProgrammingBounds),
@@ -428,6 +438,7 @@ func (t *Tracker) buildLocked(start time.Time) (tbl *Table, ch Changes, ok bool)
 		if t.applyService(b, &ch, name, st, fresh[i]) {
 			skippedChanged = true
 		}
+		t.applyDNS(b, name, st, buildDNS(st.info, st.slices))
 		if st.info == nil && len(st.slices) == 0 {
 			delete(t.services, name)
 		}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/userproxy/userproxy/admin"
+	"github.com/userproxy/userproxy/clusterdns"
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/proxy"
@@ -28,6 +29,7 @@ type adminDeps struct {
 	firstSync <-chan struct{}
 	rules     admin.RulesOptions
 	profiling bool
+	dns       *clusterdns.Responder // nil with --dns=false
 }
 
 // startAdmin serves the admin endpoints on addr until ctx ends; the returned
@@ -44,10 +46,7 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 	if fs, ok := d.src.(*file.Source); ok {
 		sources.ReloadErrors = func() uint64 { return fs.Stats().Errors }
 	}
-	if err := admin.RegisterMetrics(reg, sources); err != nil {
-		return nil, fmt.Errorf("admin: registering metrics: %w", err)
-	}
-	srv := admin.New(admin.Config{
+	cfg := admin.Config{
 		Logger:    logger,
 		Gatherer:  reg,
 		Health:    admin.CheckAll(sourceHealth(d.src), admin.SyncHealth(d.tracker, time.Minute, time.Now)),
@@ -55,7 +54,14 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 		Conntrack: d.ct,
 		Rules:     d.rules,
 		Profiling: d.profiling,
-	})
+	}
+	if d.dns != nil { // a nil *Responder in an interface would not be nil
+		sources.DNS, cfg.DNS = d.dns, d.dns
+	}
+	if err := admin.RegisterMetrics(reg, sources); err != nil {
+		return nil, fmt.Errorf("admin: registering metrics: %w", err)
+	}
+	srv := admin.New(cfg)
 	ln, err := srv.Listen(addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin: %w", err)

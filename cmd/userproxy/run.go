@@ -6,12 +6,14 @@ package main
 //  2. the conntrack table, the proxy, the service tracker (which hands each
 //     new table to the proxy);
 //  3. the source of objects: --config (file or directory) or the API server;
-//  4. the TUN device and its routes (created when missing);
-//  5. the stack over the TUN, with the proxy as admission and flow handler;
+//  4. the TUN device and its routes (created when missing); cluster DNS
+//     registered with the host's resolver (dns.go);
+//  5. the stack over the TUN, with the proxy as admission and flow handler
+//     (and cluster DNS as the local server at the DNS service IP);
 //  6. the admin server, the conntrack sweeper;
 //  7. on SIGINT/SIGTERM: stop admitting, half-close every flow (FIN, not
 //     RST) and wait up to shutdownGrace, stop the source, close the stack,
-//     remove what run created, exit 0.
+//     undo the host DNS settings, remove what run created, exit 0.
 
 import (
 	"context"
@@ -61,6 +63,7 @@ type runFlags struct {
 	maxUDPSessions     int
 	handshakeTimeout   time.Duration
 	profiling          bool
+	dns                dnsFlags
 	log                logFlags
 }
 
@@ -90,6 +93,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxUDPSessions, "max-udp-sessions", 65536, "concurrent UDP flows; further flows are refused (counted as table_full)")
 	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "time a client has to complete its TCP handshake once the endpoint was dialled")
 	fs.BoolVar(&f.profiling, "profiling", false, "serve Go's profiles on the admin server under /debug/pprof/")
+	f.dns.register(fs)
 	f.log.register(fs)
 }
 
@@ -116,7 +120,7 @@ func (f *runFlags) validate() error {
 	case f.maxInFlight <= 0 || f.maxInFlightClient <= 0 || f.maxUDPSessions <= 0 || f.handshakeTimeout <= 0:
 		return errors.New("--max-inflight, --max-inflight-per-client, --max-udp-sessions and --handshake-timeout must be positive")
 	}
-	return nil
+	return f.dns.validate(f.serviceCIDRs.values)
 }
 
 // objectSource is what run needs of a source.
@@ -172,12 +176,18 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	responder, err := newResponder(f, px, logger)
+	if err != nil {
+		return err
+	}
 	var synced sync.Once
 	firstSync := make(chan struct{})
+	steppedAside := stepAsideLogger(f, logger)
 	tracker, err := service.NewTracker(service.Config{
 		NodeName: f.nodeName, Zone: f.zone, MinSyncPeriod: f.minSyncPeriod,
 		OnSync: func(t *service.Table, c service.Changes) {
 			px.SetTable(t, c)
+			steppedAside(t)
 			synced.Do(func() { close(firstSync) })
 			if ce := logger.Check(zap.DebugLevel, "service table live"); ce != nil {
 				ce.Write(zap.Int("servicePorts", t.Len()), zap.Int("changedPorts", len(c.Ports)))
@@ -202,6 +212,9 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		return err
 	}
 	defer tun.close()
+	if responder != nil {
+		defer configureHostDNS(hostDNS{tun: tun.name, ip: f.dns.addr, domain: f.dns.domain, enabled: f.dns.hostConfig}, logger.Named("dns"))()
+	}
 	st, err := netstack.New(netstack.Options{Link: tun.link, Conntrack: ct, Admit: px.Admit, Logger: logger.Named("netstack"),
 		MaxInFlight: f.maxInFlight, MaxInFlightPerClient: f.maxInFlightClient, HandshakeTimeout: f.handshakeTimeout})
 	if err != nil {
@@ -222,14 +235,14 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 
 	// 6. The admin server.
 	if f.adminAddr != "" {
-		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, profiling: f.profiling}, logger.Named("admin"))
+		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling}, logger.Named("admin"))
 		if err != nil {
 			return err
 		}
 		defer stopAdmin()
 	}
 	logger.Info("userproxy running", zap.String("tun", tun.name), zap.Stringer("serviceCIDRs", &f.serviceCIDRs),
-		zap.String("node", f.nodeName), zap.String("admin", f.adminAddr))
+		zap.String("node", f.nodeName), zap.String("admin", f.adminAddr), f.dns.field())
 
 	// 7. Until a signal, or the source fails for good.
 	select {

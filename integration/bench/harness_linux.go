@@ -23,6 +23,9 @@ type options struct {
 	profile   string // directory for CPU profiles of userproxy, one per cell
 	cells     string // only the datapath cells whose names contain one of these words
 	datapath  bool   // only the datapath table
+	noData    bool   // skip the datapath table
+	keep      time.Duration
+	proxyEnv  string // extra environment of userproxy (experiments: GOMAXPROCS, GOGC)
 	services  []int  // control plane sizes
 	hold      int    // idle connections and UDP flows for the memory table
 	out       io.Writer
@@ -37,6 +40,9 @@ func harnessMain(args []string) error {
 	fs.StringVar(&o.userproxy, "userproxy", "", "the userproxy binary (default: go build ./cmd/userproxy)")
 	fs.StringVar(&o.profile, "profile", "", "save a CPU profile of userproxy per datapath cell (first repetition) in this directory")
 	fs.StringVar(&o.cells, "cells", "", "comma-separated: only the datapath cells whose names contain one of these (e.g. conn,UDP)")
+	fs.StringVar(&o.proxyEnv, "proxy-env", "", "comma-separated KEY=VALUE added to userproxy's environment (e.g. GOGC=400)")
+	fs.DurationVar(&o.keep, "keep", 0, "after setting up, keep the topology this long for inspection, then go on")
+	fs.BoolVar(&o.noData, "skip-datapath", false, "skip the datapath table (memory and control plane only)")
 	fs.BoolVar(&o.datapath, "datapath-only", false, "only the datapath table (no memory, no control plane)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -82,8 +88,15 @@ func harnessMain(args []string) error {
 		return err
 	}
 	h.machine()
-	if err := h.datapath(); err != nil {
-		return err
+	if o.keep > 0 {
+		fmt.Fprintf(os.Stderr, "bench: topology up: namespaces %s (endpoints), %s (kernel), %s (userproxy, PID %d); keeping it %v\n",
+			h.topo.b, h.topo.k, h.topo.u, h.proxy.cmd.Process.Pid, o.keep)
+		time.Sleep(o.keep)
+	}
+	if !o.noData {
+		if err := h.datapath(); err != nil {
+			return err
+		}
 	}
 	if !o.datapath {
 		if err := h.memory(); err != nil {
@@ -148,9 +161,15 @@ func (h *harness) setUp() error {
 	if h.o.profile != "" {
 		adminFlags = []string{"--admin-addr", adminAddr, "--profiling"}
 	}
-	h.proxy, err = startProc("userproxy", "ip", append([]string{"netns", "exec", h.topo.u, h.o.userproxy, "run", "--config", h.cfg,
+	env := []string{}
+	if h.o.proxyEnv != "" {
+		env = append([]string{"env"}, strings.Split(h.o.proxyEnv, ",")...)
+	}
+	argv := append([]string{"netns", "exec", h.topo.u}, env...)
+	argv = append(argv, h.o.userproxy, "run", "--config", h.cfg,
 		"--tun-name", tunName, "--service-cidr", serviceCIDR, "--min-sync-period", "0",
-		"--log-format", "json", "--log-level", "warn"}, adminFlags...)...)
+		"--log-format", "json", "--log-level", "warn")
+	h.proxy, err = startProc("userproxy", "ip", append(argv, adminFlags...)...)
 	if err != nil {
 		return err
 	}

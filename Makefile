@@ -5,7 +5,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(GOBIN)/staticcheck
 
-.PHONY: help test unit lint tools bench-once darwin integration bench fuzz fuzz-short soak
+.PHONY: help test unit lint tools bench-once darwin integration kube-apiserver kubeapi bench fuzz fuzz-short soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -35,6 +35,13 @@ darwin: ## cross-compile for macOS
 
 integration: ## the root-only tests in integration/ (real TUN, namespaces)
 	$(GO) test -race -count=1 -v ./integration/...
+
+kube-apiserver: ## build kube-apiserver for the API server tests (once per version: 10-15 min, then cached)
+	integration/kubeapiserver/build.sh
+
+kubeapi: kube-apiserver ## the tests against a real etcd + kube-apiserver (etcd: apt-get install etcd-server)
+	$(GO) test -race -count=1 -v ./integration/kubeapi/
+	$(GO) test -race -count=1 -v -run '^TestBinaryKubeAPIServer$$' ./integration/
 
 bench: ## the benchmarks with real figures (see BENCHMARKS.md); the datapath ones need root
 	$(GO) test -run='^$$' -bench=. -benchmem -count=5 ./balancer/ ./conntrack/ ./service/

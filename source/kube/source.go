@@ -280,7 +280,7 @@ func (s *Source) observe(ctx context.Context, resource, op string, err error) {
 // errEmptyWatch is what a watch that closed at once without an event is
 // taken for.
 var errEmptyWatch = errors.New("watch closed at once without an event: the API server did not answer " +
-	"(client-go gives up retrying a connection that is accepted and then reset, as by a load balancer in front of a stopped API server)")
+	"(client-go returns an empty watch and no error when its retries of a reset connection run out)")
 
 // veryShortWatch is how long a watch must stay open, or how soon it must
 // deliver an event, to count as an answer from the API server (client-go's

@@ -298,13 +298,10 @@ func (c *Cluster) StartEtcd(ctx context.Context) error {
 		"--initial-cluster=kubeapi=" + peer,
 		"--logger=zap", "--log-outputs=stderr", "--log-level=warn",
 	}
-	ch, err := c.start("etcd", c.cfg.Binaries.Etcd, args)
+	ch, err := c.start(&c.etcd, "etcd", c.cfg.Binaries.Etcd, args)
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	c.etcd = ch
-	c.mu.Unlock()
 	hc := &http.Client{Transport: &http.Transport{DialContext: c.cfg.Dial, DisableKeepAlives: true}, Timeout: 2 * time.Second}
 	err = c.waitReady(ctx, ch, func() error {
 		return get(hc, client+"/health", "", func(body string) bool { return strings.Contains(body, `"health":"true"`) })
@@ -342,13 +339,10 @@ func (c *Cluster) StartAPIServer(ctx context.Context) error {
 		"--profiling=false",
 	}
 	args = append(args, c.cfg.ExtraAPIServerArgs...)
-	ch, err := c.start("kube-apiserver", c.cfg.Binaries.APIServer, args)
+	ch, err := c.start(&c.api, "kube-apiserver", c.cfg.Binaries.APIServer, args)
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	c.api = ch
-	c.mu.Unlock()
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(c.caPEM)
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
@@ -516,7 +510,13 @@ type child struct {
 	err  error         // Wait's error, set before done closes
 }
 
-func (c *Cluster) start(name, bin string, args []string) (*child, error) {
+// start starts a process into slot, unless the one there still runs.
+func (c *Cluster) start(slot **child, name, bin string, args []string) (*child, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if (*slot).pid() != 0 {
+		return nil, fmt.Errorf("kubeapi: %s is already running", name)
+	}
 	argv := append(append(append([]string(nil), c.cfg.Wrap...), bin), args...)
 	logf, err := os.OpenFile(filepath.Join(c.cfg.Dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -536,6 +536,7 @@ func (c *Cluster) start(name, bin string, args []string) (*child, error) {
 		close(ch.done)
 		spawned()
 	}()
+	*slot = ch
 	return ch, nil
 }
 

@@ -5,15 +5,19 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(GOBIN)/staticcheck
 
-.PHONY: help test unit lint tools bench-once darwin integration bench bench-harness fuzz fuzz-short soak
+.PHONY: help test unit lint tools bench-once darwin integration kube-apiserver kubeapi bench bench-harness fuzz fuzz-short soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 test: lint unit bench-once fuzz-short darwin ## everything CI checks: lint, race tests (root-only ones too when root), every benchmark once, a short run of every fuzzer, darwin build
 
+# The packages under integration/ (real TUNs, the real binary, kube-apiserver,
+# the bench harness) run one at a time, so that none is judged while another
+# loads the machine's cores; the others run in parallel.
 unit: ## go test -race ./... (integration tests run when root)
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /integration)
+	$(GO) test -race -count=1 -p 1 ./integration/...
 
 lint: tools ## gofmt (as a test), go vet, staticcheck
 	$(GO) test -count=1 -run '^TestGofmt$$' .
@@ -35,6 +39,13 @@ darwin: ## cross-compile for macOS
 
 integration: ## the root-only tests in integration/ (real TUN, namespaces)
 	$(GO) test -race -count=1 -v ./integration/...
+
+kube-apiserver: ## build kube-apiserver for the API server tests (once per version: 10-15 min, then cached)
+	integration/kubeapiserver/build.sh
+
+kubeapi: kube-apiserver ## the tests against a real etcd + kube-apiserver (etcd: apt-get install etcd-server)
+	$(GO) test -race -count=1 -v ./integration/kubeapi/
+	$(GO) test -race -count=1 -v -run '^TestBinaryKubeAPIServer$$' ./integration/
 
 bench: ## the benchmarks with real figures (see BENCHMARKS.md); the datapath ones need root
 	$(GO) test -run='^$$' -bench=. -benchmem -count=5 ./balancer/ ./conntrack/ ./service/

@@ -28,7 +28,9 @@ import (
 //  1. two shared informers, Services and EndpointSlices, resync off, both
 //     filtered by Selector as kube-proxy filters its informer factory
 //     (cmd/kube-proxy/app/server.go); their list and watch calls go
-//     through observe, which tracks whether the API server answers;
+//     through observe, which tracks whether the API server answers (a
+//     watch answers once it delivers an event or stays open a second:
+//     observeWatch);
 //  2. informer events go to the handler (pkg/proxy/config/config.go);
 //  3. once both handler registrations have synced, OnSynced, once;
 //  4. while the API server is unreachable the informers retry with
@@ -235,8 +237,11 @@ func (s *Source) informer(example runtime.Object, resource string,
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.LabelSelector = Selector
 			w, err := watchFn(ctx, o)
-			s.observe(ctx, resource, "watch", err)
-			return w, err
+			if err != nil {
+				s.observe(ctx, resource, "watch", err)
+				return w, err
+			}
+			return s.observeWatch(ctx, resource, w), nil
 		},
 	}
 	inf := cache.NewSharedIndexInformerWithOptions(
@@ -270,6 +275,92 @@ func (s *Source) observe(ctx context.Context, resource, op string, err error) {
 		return // stopping
 	}
 	s.unreachable(resource, op, err)
+}
+
+// errEmptyWatch is what a watch that closed at once without an event is
+// taken for.
+var errEmptyWatch = errors.New("watch closed at once without an event: the API server did not answer " +
+	"(client-go returns an empty watch and no error when its retries of a reset connection run out)")
+
+// veryShortWatch is how long a watch must stay open, or how soon it must
+// deliver an event, to count as an answer from the API server (client-go's
+// reflector uses the same second for its "very short watch").
+const veryShortWatch = time.Second
+
+// observeWatch returns w with its events passed through a goroutine that
+// tells observe what the watch call itself cannot: when retries of a reset
+// connection run out, client-go's Watch returns an empty, already closed
+// watch and no error (rest.Request.Watch), and the informers then retry for
+// ever without an error reaching anyone. That is what a stopped API server
+// behind a load balancer or proxy looks like. So a watch counts as an answer
+// only once it delivers an event or stays open veryShortWatch; closing
+// sooner without an event counts as a failed call.
+func (s *Source) observeWatch(ctx context.Context, resource string, w watch.Interface) watch.Interface {
+	ow := &observedWatch{inner: w, out: make(chan watch.Event), stop: make(chan struct{})}
+	go ow.pump(ctx, s, resource)
+	return ow
+}
+
+// observedWatch is a watch.Interface in front of another.
+type observedWatch struct {
+	inner watch.Interface
+	out   chan watch.Event
+	stop  chan struct{}
+	once  sync.Once
+}
+
+func (w *observedWatch) ResultChan() <-chan watch.Event { return w.out }
+
+// Stop stops the inner watch; the pump then closes ResultChan.
+func (w *observedWatch) Stop() {
+	w.once.Do(func() {
+		close(w.stop)
+		w.inner.Stop()
+	})
+}
+
+func (w *observedWatch) stopped() bool {
+	select {
+	case <-w.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+func (w *observedWatch) pump(ctx context.Context, s *Source, resource string) { // watch pump: inner events -> informer, judging the call
+	defer close(w.out)
+	in := w.inner.ResultChan()
+	settle := time.NewTimer(veryShortWatch)
+	defer settle.Stop()
+	judged := false
+	for {
+		select {
+		case ev, ok := <-in:
+			if !ok {
+				if !judged && !w.stopped() {
+					s.observe(ctx, resource, "watch", errEmptyWatch)
+				}
+				return
+			}
+			if !judged {
+				judged = true
+				s.reachable()
+			}
+			select {
+			case w.out <- ev:
+			case <-w.stop:
+				return
+			}
+		case <-settle.C:
+			if !judged {
+				judged = true
+				s.reachable()
+			}
+		case <-w.stop:
+			return
+		}
+	}
 }
 
 // watchError is the informers' watch error handler: it sees what ended a

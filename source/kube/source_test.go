@@ -330,6 +330,58 @@ func TestDisconnect(t *testing.T) {
 	rec.wait(t, "add Service api")
 }
 
+// TestEmptyWatchIsAnOutage: once its retries of a connection that is
+// accepted and then reset run out (a load balancer in front of a stopped API
+// server), client-go's Watch returns an empty, closed watch and no error.
+// That must count as a failed call; a watch that stays open counts as an
+// answer again.
+func TestEmptyWatchIsAnOutage(t *testing.T) {
+	client := fake.NewClientset(svc("web", "10.96.0.10", nil), slice("web-1", "web", nil, "10.0.0.1"))
+	var down atomic.Bool
+	var mu sync.Mutex
+	var watchers []watch.Interface
+	client.PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		if down.Load() {
+			return true, watch.NewEmptyWatch(), nil
+		}
+		w, err := client.Tracker().Watch(a.GetResource(), a.GetNamespace(), a.(k8stesting.WatchActionImpl).ListOptions)
+		if err != nil {
+			return true, nil, err
+		}
+		mu.Lock()
+		watchers = append(watchers, w)
+		mu.Unlock()
+		return true, w, nil
+	})
+	rec := newRecorder(t)
+	src := kube.New(client, rec, nil)
+	start(t, src)
+	rec.wait(t, "synced")
+	// A quiet, open watch is an answer: no error after it settled.
+	time.Sleep(1500 * time.Millisecond)
+	if err := src.LastError(); err != nil || !src.Stats().Connected {
+		t.Fatalf("with open watches: LastError %v, stats %+v", err, src.Stats())
+	}
+
+	down.Store(true)
+	mu.Lock()
+	for _, w := range watchers {
+		w.Stop()
+	}
+	watchers = nil
+	mu.Unlock()
+	waitFor(t, func() bool {
+		err := src.LastError()
+		return err != nil && strings.Contains(err.Error(), "closed at once without an event")
+	})
+	if st := src.Stats(); st.Outages == 0 {
+		t.Errorf("no outage counted: %+v", st)
+	}
+
+	down.Store(false)
+	waitFor(t, func() bool { return src.LastError() == nil && src.Stats().Connected })
+}
+
 // TestRunStopsBeforeSync: a Source that never syncs (the API server is
 // down from the start) stops cleanly and never calls OnSynced.
 func TestRunStopsBeforeSync(t *testing.T) {

@@ -1,0 +1,22 @@
+// Package kubeapi runs a real Kubernetes control plane for tests: etcd and
+// kube-apiserver as child processes on random loopback ports (optionally
+// inside a network namespace, through a command prefix such as `ip netns
+// exec NAME`), with certificates, a service-account key and a static admin
+// token made here, and a kubeconfig written for clients. There is no
+// controller-manager: tests write EndpointSlices themselves.
+//
+// Its tests drive source/kube through that API server: objects written ->
+// service table, dual-stack ClusterIPs the API server allocates, 1,000
+// services x 10 endpoints with the network-programming latency, API server
+// restarts and outages, and the RBAC of examples/kubernetes. They need the
+// etcd and kube-apiserver binaries (FindBinaries says where it looks and how
+// to get them); without them they skip, or fail when CI is set. Root is not
+// needed.
+//
+// Callers: these tests, the end-to-end test of the binary in integration,
+// and cmd/kube-up behind integration/kubeapiserver/cluster.sh. The
+// kube-apiserver binary itself is built by integration/kubeapiserver, a
+// separate Go module.
+//
+// It may import anything; nothing but tests and kube-up imports it.
+package kubeapi

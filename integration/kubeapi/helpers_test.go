@@ -1,0 +1,359 @@
+package kubeapi_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/userproxy/userproxy/integration/kubeapi"
+	"github.com/userproxy/userproxy/service"
+	"github.com/userproxy/userproxy/source/kube"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// requireBinaries returns etcd and kube-apiserver, or skips the test without
+// them — and fails it under CI, which must run it.
+func requireBinaries(t testing.TB) kubeapi.Binaries {
+	t.Helper()
+	b, err := kubeapi.FindBinaries()
+	if err == nil {
+		return b
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("CI must run the API server tests: %v", err)
+	}
+	t.Skip(err)
+	return b
+}
+
+// tmpfsDir returns a directory on /dev/shm (etcd's data wants a tmpfs),
+// removed when the test ends.
+func tmpfsDir(t testing.TB) string {
+	t.Helper()
+	base := "/dev/shm"
+	if _, err := os.Stat(base); err != nil {
+		base = ""
+	}
+	dir, err := os.MkdirTemp(base, "upx-kubeapi-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// startCluster starts etcd and kube-apiserver for one test; they stop when
+// it ends. On failure the logs' last lines are printed.
+func startCluster(t *testing.T) (*kubeapi.Cluster, kubernetes.Interface) {
+	t.Helper()
+	return startClusterWith(t)
+}
+
+// startClusterWith is startCluster with more flags for the API server.
+func startClusterWith(t *testing.T, extraAPIServerArgs ...string) (*kubeapi.Cluster, kubernetes.Interface) {
+	t.Helper()
+	bins := requireBinaries(t)
+	dir := tmpfsDir(t)
+	start := time.Now()
+	c, err := kubeapi.Start(context.Background(), kubeapi.Config{Binaries: bins, Dir: dir, ExtraAPIServerArgs: extraAPIServerArgs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("etcd and kube-apiserver ready in %v at %s", time.Since(start).Round(time.Millisecond), c.URL())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kube-apiserver log ends:\n%s", c.LogTail("kube-apiserver", 40))
+			t.Logf("etcd log ends:\n%s", c.LogTail("etcd", 20))
+		}
+		c.Stop()
+	})
+	cs, err := c.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, cs
+}
+
+// ctxT returns a context that ends with the test, bounded as a failsafe.
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newNamespace creates a namespace with a random name. Namespaces are never
+// deleted (there is no namespace controller); each test has its own cluster.
+func newNamespace(t *testing.T, cs kubernetes.Interface) string {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := "upx-" + hex.EncodeToString(b[:])
+	_, err := cs.CoreV1().Namespaces().Create(ctxT(t), &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating namespace %s: %v", name, err)
+	}
+	return name
+}
+
+// proxySide is what userproxy runs: a Tracker fed by a kube.Source. Each
+// new table is signalled on changed.
+type proxySide struct {
+	tracker *service.Tracker
+	src     *kube.Source
+	changed chan struct{}
+	onSync  func(*service.Table, service.Changes)
+}
+
+// startSource runs a Source on client into a Tracker with minSync until the
+// test ends. onSync, when set, sees every table as it goes live.
+func startSource(t *testing.T, client kubernetes.Interface, minSync time.Duration, onSync func(*service.Table, service.Changes)) *proxySide {
+	t.Helper()
+	return startSourceWith(t, client, minSync, onSync, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)))
+}
+
+// startSourceWith is startSource with a logger of the test's choosing.
+func startSourceWith(t *testing.T, client kubernetes.Interface, minSync time.Duration, onSync func(*service.Table, service.Changes), logger *zap.Logger) *proxySide {
+	t.Helper()
+	p := &proxySide{changed: make(chan struct{}, 1), onSync: onSync}
+	tr, err := service.NewTracker(service.Config{
+		MinSyncPeriod: minSync,
+		OnSync: func(tb *service.Table, c service.Changes) {
+			if p.onSync != nil {
+				p.onSync(tb, c)
+			}
+			select {
+			case p.changed <- struct{}{}:
+			default:
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.tracker = tr
+	p.src = kube.New(client, tr, logger)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.src.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Source.Run: %v", err)
+		}
+		tr.Close()
+	})
+	return p
+}
+
+// sourceClient returns a client built the way `userproxy run --kubeconfig`
+// builds it (protobuf, kube-proxy's rate limits), for token.
+func sourceClient(t *testing.T, c *kubeapi.Cluster, token string) kubernetes.Interface {
+	t.Helper()
+	path := t.TempDir() + "/kubeconfig"
+	if token == "" {
+		token = c.AdminToken()
+	}
+	if err := c.WriteKubeconfig(path, token); err != nil {
+		t.Fatal(err)
+	}
+	client, err := kube.NewClient(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
+}
+
+// view is the part of a table a test compares: per service port of one
+// namespace, "name:port PROTO ClusterIP:port" -> the endpoint keys joined
+// by commas, or the verdict when it does not forward.
+type view map[string]string
+
+func viewOf(tb *service.Table, ns string) view {
+	v := view{}
+	for _, p := range tb.Ports() {
+		if p.Name.Namespace != ns {
+			continue
+		}
+		key := fmt.Sprintf("%s:%s %s %s", p.Name.Name, p.Name.Port, p.Protocol, netip.AddrPortFrom(p.ClusterIP, p.Port))
+		if p.Verdict == service.Forward {
+			v[key] = strings.Join(p.EndpointKeys, ",")
+		} else {
+			v[key] = p.Verdict.String()
+		}
+	}
+	return v
+}
+
+func (v view) String() string {
+	keys := make([]string, 0, len(v))
+	for k := range v {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "\n  %s -> %s", k, v[k])
+	}
+	if b.Len() == 0 {
+		return "(none)"
+	}
+	return b.String()
+}
+
+// errTimeout is waitView's error when the table never matched.
+var errTimeout = errors.New("the table did not match in time")
+
+// waitView waits up to within for a first table and for the namespace's
+// part of the live table to equal want, and returns how long that took.
+func (p *proxySide) waitView(ns string, want view, within time.Duration) (time.Duration, error) {
+	start := time.Now()
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	for {
+		tb := p.tracker.Current()
+		got := viewOf(tb, ns)
+		if tb != nil && got.String() == want.String() {
+			return time.Since(start), nil
+		}
+		select {
+		case <-p.changed:
+		case <-time.After(50 * time.Millisecond): // the first table, Synced
+		case <-deadline.C:
+			return time.Since(start), fmt.Errorf("%w (%v): want%s\nhave%s", errTimeout, within, want, got)
+		}
+	}
+}
+
+// The objects of the tests.
+
+func ptr[T any](v T) *T { return &v }
+
+// newService returns a ClusterIP Service whose ClusterIP the API server
+// allocates, with TCP port 80 "http" (target 8080) and UDP port 53 "dns".
+func newService(ns, name string) *v1.Service {
+	return &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1.ServiceSpec{
+			Ports: []v1.ServicePort{
+				{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)},
+				{Name: "dns", Protocol: v1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(5353)},
+			},
+		},
+	}
+}
+
+// endpoint is one slice endpoint: an address, ready unless notReady.
+type endpoint struct {
+	addr     string
+	notReady bool
+}
+
+// newSlice returns an EndpointSlice of service svc with ports http 8080/TCP
+// and dns 5353/UDP (the targets of newService).
+func newSlice(ns, name, svc string, family discoveryv1.AddressType, eps ...endpoint) *discoveryv1.EndpointSlice {
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: family,
+		Ports: []discoveryv1.EndpointPort{
+			{Name: ptr("http"), Protocol: ptr(v1.ProtocolTCP), Port: ptr(int32(8080))},
+			{Name: ptr("dns"), Protocol: ptr(v1.ProtocolUDP), Port: ptr(int32(5353))},
+		},
+	}
+	for _, e := range eps {
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{e.addr},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(!e.notReady)},
+		})
+	}
+	return es
+}
+
+func eps(addrs ...string) []endpoint {
+	var out []endpoint
+	for _, a := range addrs {
+		out = append(out, endpoint{addr: a})
+	}
+	return out
+}
+
+// keys returns the sorted "ip:port" endpoint keys of addrs at port, as the
+// table orders them.
+func keys(port int, addrs ...string) string {
+	var out []string
+	for _, a := range addrs {
+		out = append(out, netip.AddrPortFrom(netip.MustParseAddr(a), uint16(port)).String())
+	}
+	slices.Sort(out)
+	return strings.Join(out, ",")
+}
+
+// portKeys are the view keys of newService's two ports for a ClusterIP.
+func portKeys(name string, ip string, httpPort int) (http, dns string) {
+	a := netip.MustParseAddr(ip)
+	return fmt.Sprintf("%s:http TCP %s", name, netip.AddrPortFrom(a, uint16(httpPort))),
+		fmt.Sprintf("%s:dns UDP %s", name, netip.AddrPortFrom(a, 53))
+}
+
+// percentile returns the q-quantile (0..1) of sorted samples, nearest rank.
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted))+0.5) - 1
+	i = max(0, min(i, len(sorted)-1))
+	return sorted[i]
+}
+
+// parallel runs f(i) for i in [0, n) on workers goroutines and returns the
+// first error.
+func parallel(n, workers int, f func(i int) error) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		next  int
+	)
+	for range workers {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				i := next
+				next++
+				stop := first != nil
+				mu.Unlock()
+				if i >= n || stop {
+					return
+				}
+				if err := f(i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}

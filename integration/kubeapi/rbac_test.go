@@ -1,0 +1,215 @@
+package kubeapi_test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/userproxy/userproxy/service"
+)
+
+// manifestRBAC is the RBAC of the shipped DaemonSet manifest.
+type manifestRBAC struct {
+	sa      *v1.ServiceAccount
+	role    *rbacv1.ClusterRole
+	binding *rbacv1.ClusterRoleBinding
+	// daemonSet runs as sa.
+	daemonSet *appsv1.DaemonSet
+}
+
+// readManifestRBAC decodes examples/kubernetes/daemonset.yaml, as kubectl
+// apply would, and returns its ServiceAccount, ClusterRole and binding.
+func readManifestRBAC(t *testing.T) manifestRBAC {
+	t.Helper()
+	path := filepath.Join("..", "..", "examples", "kubernetes", "daemonset.yaml")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m manifestRBAC
+	rd := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
+	for {
+		doc, err := rd.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		switch o := obj.(type) {
+		case *v1.ServiceAccount:
+			m.sa = o
+		case *rbacv1.ClusterRole:
+			m.role = o
+		case *rbacv1.ClusterRoleBinding:
+			m.binding = o
+		case *appsv1.DaemonSet:
+			m.daemonSet = o
+		}
+	}
+	if m.sa == nil || m.role == nil || m.binding == nil {
+		t.Fatalf("%s: want a ServiceAccount, a ClusterRole and a ClusterRoleBinding", path)
+	}
+	return m
+}
+
+// tokenFor returns a bearer token of a ServiceAccount (TokenRequest).
+func tokenFor(t *testing.T, cs kubernetes.Interface, ns, name string) string {
+	t.Helper()
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctxT(t), name,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token for %s/%s: %v", ns, name, err)
+	}
+	return tr.Status.Token
+}
+
+// TestRBAC applies the RBAC of examples/kubernetes/daemonset.yaml to the API
+// server and runs a Source with its ServiceAccount's token: list and watch
+// on services and endpointslices are enough to sync and follow changes, the
+// token can do nothing more (RBAC is enforced), and each of the four grants
+// is needed: a role without it ends in Forbidden.
+func TestRBAC(t *testing.T) {
+	c, cs := startCluster(t)
+	ctx := ctxT(t)
+	m := readManifestRBAC(t)
+	if _, err := cs.CoreV1().ServiceAccounts(m.sa.Namespace).Create(ctx, m.sa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, m.role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, m.binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	token := tokenFor(t, cs, m.sa.Namespace, m.sa.Name)
+	t.Logf("ClusterRole %s: %s", m.role.Name, rulesString(m.role.Rules))
+
+	ns := newNamespace(t, cs)
+	p := startSource(t, sourceClient(t, c, token), service.DefaultMinSyncPeriod, nil)
+	svc, err := cs.CoreV1().Services(ns).Create(ctx, newService(ns, "web"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.DiscoveryV1().EndpointSlices(ns).Create(ctx, newSlice(ns, "web-1", "web", discoveryv1.AddressTypeIPv4, eps("10.1.0.1")...), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	http, dns := portKeys("web", svc.Spec.ClusterIP, 80)
+	if _, err := p.waitView(ns, view{http: keys(8080, "10.1.0.1"), dns: keys(5353, "10.1.0.1")}, followWithin+10*time.Second); err != nil {
+		t.Fatalf("with the manifest's role: %v (LastError %v)", err, p.src.LastError())
+	}
+	if err := p.src.LastError(); err != nil {
+		t.Errorf("LastError with the manifest's role: %v", err)
+	}
+
+	// The token is good for nothing else.
+	limited, err := kubernetes.NewForConfig(c.RESTConfig(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, call := range map[string]func() error{
+		"get a Service": func() error {
+			_, err := limited.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
+			return err
+		},
+		"create a Service": func() error {
+			_, err := limited.CoreV1().Services(ns).Create(ctx, newService(ns, "other"), metav1.CreateOptions{})
+			return err
+		},
+		"list Pods": func() error {
+			_, err := limited.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"list Secrets": func() error {
+			_, err := limited.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+			return err
+		},
+	} {
+		if err := call(); !apierrors.IsForbidden(err) {
+			t.Errorf("%s with the userproxy token: %v, want Forbidden", what, err)
+		}
+	}
+
+	// Each grant is needed.
+	for ri, rule := range m.role.Rules {
+		for _, verb := range rule.Verbs {
+			name := fmt.Sprintf("userproxy-without-%s-%s", verb, strings.Join(rule.Resources, "-"))
+			role := m.role.DeepCopy()
+			role.ObjectMeta = metav1.ObjectMeta{Name: name}
+			role.Rules[ri].Verbs = slices.DeleteFunc(slices.Clone(rule.Verbs), func(v string) bool { return v == verb })
+			if _, err := cs.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			binding := &rbacv1.ClusterRoleBinding{
+				ObjectMeta: metav1.ObjectMeta{Name: name},
+				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+				Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}},
+			}
+			if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			q := startSource(t, sourceClient(t, c, tokenFor(t, cs, ns, name)), service.DefaultMinSyncPeriod, nil)
+			took, ok := waitFor(30*time.Second, func() bool { return apierrors.IsForbidden(q.src.LastError()) })
+			if !ok {
+				t.Errorf("without %s on %v: no Forbidden within 30 s (LastError %v, synced %v)", verb, rule.Resources, q.src.LastError(), q.src.Synced())
+				continue
+			}
+			t.Logf("without %-5s on %-14s: Forbidden after %v", verb, strings.Join(rule.Resources, ","), took.Round(time.Millisecond))
+		}
+	}
+}
+
+func rulesString(rules []rbacv1.PolicyRule) string {
+	var parts []string
+	for _, r := range rules {
+		parts = append(parts, fmt.Sprintf("%v %v in %q", r.Verbs, r.Resources, r.APIGroups))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// TestManifestRBACIsMinimal checks the shipped role without a cluster: it
+// grants exactly list and watch on services and endpointslices.
+func TestManifestRBACIsMinimal(t *testing.T) {
+	m := readManifestRBAC(t)
+	got := rulesString(m.role.Rules)
+	want := `[list watch] [services] in [""]; [list watch] [endpointslices] in ["discovery.k8s.io"]`
+	if got != want {
+		t.Errorf("ClusterRole rules:\n got %s\nwant %s", got, want)
+	}
+	if b := m.binding; b.RoleRef.Name != m.role.Name || len(b.Subjects) != 1 || b.Subjects[0].Kind != rbacv1.ServiceAccountKind ||
+		b.Subjects[0].Name != m.sa.Name || b.Subjects[0].Namespace != m.sa.Namespace {
+		t.Errorf("the binding does not bind the role to the ServiceAccount: %+v", b)
+	}
+	if ds := m.daemonSet; ds == nil || ds.Spec.Template.Spec.ServiceAccountName != m.sa.Name || ds.Namespace != m.sa.Namespace {
+		t.Errorf("the DaemonSet does not run as the ServiceAccount %s/%s", m.sa.Namespace, m.sa.Name)
+	}
+}

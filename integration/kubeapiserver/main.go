@@ -1,0 +1,12 @@
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewAPIServerCommand()))
+}

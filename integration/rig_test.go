@@ -144,9 +144,12 @@ func (h *rig) removeSlice(name string, i int) {
 // tcpBackend is an endpoint: a listener on loopback serving each connection
 // with serve, until the test ends.
 type tcpBackend struct {
-	ln   net.Listener
-	addr netip.AddrPort
-	wg   sync.WaitGroup
+	ln    net.Listener
+	addr  netip.AddrPort
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[net.Conn]struct{} // open connections, closed by stop
+	done  bool                  // stop ran: close what is accepted late
 }
 
 func startTCPBackend(t testing.TB, host string, serve func(net.Conn)) *tcpBackend {
@@ -160,7 +163,7 @@ func startTCPBackend(t testing.TB, host string, serve func(net.Conn)) *tcpBacken
 
 // serveTCP serves each connection of ln with serve until the test ends.
 func serveTCP(t testing.TB, ln net.Listener, serve func(net.Conn)) *tcpBackend {
-	b := &tcpBackend{ln: ln, addr: ln.Addr().(*net.TCPAddr).AddrPort()}
+	b := &tcpBackend{ln: ln, addr: ln.Addr().(*net.TCPAddr).AddrPort(), conns: map[net.Conn]struct{}{}}
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
@@ -169,10 +172,23 @@ func serveTCP(t testing.TB, ln net.Listener, serve func(net.Conn)) *tcpBackend {
 			if err != nil {
 				return
 			}
+			b.mu.Lock()
+			if b.done {
+				b.mu.Unlock()
+				c.Close()
+				return
+			}
+			b.conns[c] = struct{}{}
+			b.mu.Unlock()
 			b.wg.Add(1)
 			go func() {
 				defer b.wg.Done()
-				defer c.Close()
+				defer func() {
+					b.mu.Lock()
+					delete(b.conns, c)
+					b.mu.Unlock()
+					c.Close()
+				}()
 				serve(c)
 			}()
 		}
@@ -181,8 +197,16 @@ func serveTCP(t testing.TB, ln net.Listener, serve func(net.Conn)) *tcpBackend {
 	return b
 }
 
+// stop closes the listener and every connection still open (a failed test
+// may leave clients that never close theirs), then waits for the handlers.
 func (b *tcpBackend) stop() {
 	_ = b.ln.Close()
+	b.mu.Lock()
+	b.done = true
+	for c := range b.conns {
+		_ = c.Close()
+	}
+	b.mu.Unlock()
 	b.wg.Wait()
 }
 

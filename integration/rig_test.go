@@ -197,17 +197,29 @@ func serveTCP(t testing.TB, ln net.Listener, serve func(net.Conn)) *tcpBackend {
 	return b
 }
 
-// stop closes the listener and every connection still open (a failed test
-// may leave clients that never close theirs), then waits for the handlers.
+// stop closes the listener and waits for the connection handlers; a test
+// calls it to wait for its endpoint to finish. Handlers still running after
+// 10 s (a failed test can leave clients that never close their
+// connections) get their connections closed, so that stop always returns.
 func (b *tcpBackend) stop() {
 	_ = b.ln.Close()
+	finished := make(chan struct{})
+	go func() { // waits for the handlers
+		b.wg.Wait()
+		close(finished)
+	}()
+	select {
+	case <-finished:
+		return
+	case <-time.After(10 * time.Second):
+	}
 	b.mu.Lock()
 	b.done = true
 	for c := range b.conns {
 		_ = c.Close()
 	}
 	b.mu.Unlock()
-	b.wg.Wait()
+	<-finished
 }
 
 // serveUDP answers every datagram pc receives with reply(datagram), until

@@ -168,6 +168,7 @@ type UDPRequest struct {
 	client netip.AddrPort
 	svc    netip.AddrPort
 	ctx    context.Context
+	bypass *udpBypass
 }
 
 // Client returns the client's address and port.
@@ -356,7 +357,7 @@ func (st *Stack) handleUDP(fr *udp.ForwarderRequest) bool {
 		return true
 	}
 	client, svc := endpoints(fr.ID())
-	r := &UDPRequest{Conn: gonet.NewUDPConn(&wq, ep), client: client, svc: svc, ctx: st.ctx}
+	r := &UDPRequest{Conn: gonet.NewUDPConn(&wq, ep), client: client, svc: svc, ctx: st.ctx, bypass: &st.bypass}
 	go st.runUDP(h, r)
 	return true
 }

@@ -11,7 +11,8 @@ package netstack
 //     the packet is dropped. Drop: dropped silently. Accept: the entry is
 //     confirmed (a full table refuses the flow, counted) and the packet goes
 //     on.
-//  4. ESTABLISHED and RELATED packets go on into gVisor.
+//  4. ESTABLISHED and RELATED packets go on into gVisor, but for datagrams
+//     of UDP flows whose handler registered a bypass (bypass.go).
 //  5. Packets gVisor writes to the link are classified in the Reply direction;
 //     INVALID ones are dropped and counted, the rest are written.
 
@@ -78,13 +79,14 @@ type gate struct {
 	admit    func() AdmitFunc
 	rejecter *rejecter
 	counters *gateCounters
+	bypass   *udpBypass
 }
 
 var _ stack.LinkEndpoint = (*gate)(nil)
 var _ stack.NetworkDispatcher = (*gate)(nil)
 
-func newGate(child stack.LinkEndpoint, ct *conntrack.Table, admit func() AdmitFunc, rej *rejecter, c *gateCounters) *gate {
-	g := &gate{child: child, ct: ct, admit: admit, rejecter: rej, counters: c}
+func newGate(child stack.LinkEndpoint, ct *conntrack.Table, admit func() AdmitFunc, rej *rejecter, c *gateCounters, bp *udpBypass) *gate {
+	g := &gate{child: child, ct: ct, admit: admit, rejecter: rej, counters: c, bypass: bp}
 	g.Endpoint.Init(child, g)
 	return g
 }
@@ -123,6 +125,10 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 			return
 		}
 		g.counters.accepted.Add(1)
+	case conntrack.Established:
+		if res.Tuple.Proto() == conntrack.UDP && g.bypass.take(res.Tuple, b) {
+			return
+		}
 	}
 	g.Endpoint.DeliverNetworkPacket(proto, pkt)
 }

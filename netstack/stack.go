@@ -102,6 +102,7 @@ type Stack struct {
 	perClient   int
 	hsTimeout   time.Duration
 	gates       map[tcpip.NICID]*gate
+	bypass      udpBypass
 
 	mu        sync.Mutex
 	closed    bool
@@ -178,8 +179,8 @@ func (st *Stack) build(opts Options) error {
 
 	st.pipe = newAsyncPipe(inProcMTU, 1024)
 	ours, theirs := st.pipe.a, st.pipe.b
-	st.gates[linkNIC] = newGate(opts.Link.ep, st.ct, admit, rej, &st.counters)
-	st.gates[inProcNIC] = newGate(ours, st.ct, admit, rej, &st.counters)
+	st.gates[linkNIC] = newGate(opts.Link.ep, st.ct, admit, rej, &st.counters, &st.bypass)
+	st.gates[inProcNIC] = newGate(ours, st.ct, admit, rej, &st.counters, &st.bypass)
 	nics := []struct {
 		id   tcpip.NICID
 		ep   stack.LinkEndpoint

@@ -70,10 +70,17 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
 			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
 	}
+	// The client's later datagrams skip gVisor and the client pump: the
+	// gate writes them to the endpoint socket itself.
+	stopBypass := func() {}
+	if send := nonBlockingSend(backend, &p.stats.bytes[0]); send != nil {
+		stopBypass = r.Bypass(send)
+	}
 	var once sync.Once
 	var removed atomic.Bool
 	closeBoth := func() {
 		once.Do(func() {
+			stopBypass()
 			_ = r.Conn.Close()
 			_ = backend.Close()
 		})
@@ -123,6 +130,31 @@ func (p *Proxy) pump(dst, src net.Conn, dir int) {
 			return
 		}
 		p.stats.bytes[dir].Add(uint64(n))
+	}
+}
+
+// nonBlockingSend returns a function that sends one datagram on c without
+// ever blocking (a full socket buffer drops it, as a full queue would), for
+// the gate's goroutine; nil when c is not a kernel socket.
+func nonBlockingSend(c net.Conn, sent *atomic.Uint64) func([]byte) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return func(b []byte) {
+		var n int
+		var werr error
+		_ = rc.Write(func(fd uintptr) bool {
+			n, werr = syscall.Write(int(fd), b)
+			return true // never wait for the socket
+		})
+		if werr == nil {
+			sent.Add(uint64(n))
+		}
 	}
 }
 

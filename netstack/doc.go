@@ -1,7 +1,9 @@
 // Package netstack owns the packet side of userproxy: the TUN device (or an
 // in-memory link in tests), gVisor's network stack, the conntrack gate that
 // sees every packet in both directions before gVisor does, the TCP and UDP
-// forwarders, and DialContext for in-process clients.
+// forwarders, the UDP bypass (bypass.go: a bound UDP flow's client datagrams
+// go from the gate straight to the handler), and DialContext for in-process
+// clients.
 //
 // Callers: proxy (sets the flow handler and the admission function), cmd
 // (builds the stack).

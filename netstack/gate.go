@@ -17,7 +17,6 @@ package netstack
 //     INVALID ones are dropped and counted, the rest are written.
 
 import (
-	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -132,13 +131,6 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 		}
 	}
 	g.Endpoint.DeliverNetworkPacket(proto, pkt)
-	// gVisor queued a TCP segment to its processor goroutine, which sits in
-	// this P's run-next slot; the dispatcher would now block in ppoll with
-	// the P held, and another thread would have to be woken to run it (tens
-	// of µs on a VM). Yielding runs it here, now. Measured with the bench
-	// harness over four interleaved rounds: RR p50 252-318 -> 180-257 µs,
-	// CPU per exchange 177-241 -> 126-189 µs; conn/s, UDP and bulk unchanged.
-	runtime.Gosched()
 }
 
 // reject writes an ICMP port unreachable for the packet b to the link,

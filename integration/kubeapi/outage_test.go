@@ -332,7 +332,33 @@ func TestOutageRestartRelist(t *testing.T) {
 // than those versions and etcd is compacted, so the resumed watches get 410
 // Gone (resource version too old), and only a relist can show that b is
 // gone.
+//
+// Whether a resumed watch meets the new API server or the old one's last
+// moments is a race: a watch resumed on the old server's drained HTTP/2
+// connection closes at once, and the reflector, taking it for a "very
+// short watch", relists without ever seeing 410. The outcome (the table
+// right after the restart) is checked every time; the 410 path must show
+// in one of three attempts.
 func TestGracefulRestart410(t *testing.T) {
+	const attempts = 3
+	for i := 1; i <= attempts; i++ {
+		var gone []string
+		t.Run(fmt.Sprintf("attempt%d", i), func(t *testing.T) { gone = gracefulRestart(t) })
+		if t.Failed() {
+			return
+		}
+		if len(gone) > 0 {
+			t.Logf("attempt %d: %d resumed watches ended with 410 Gone and relisted, e.g. %s", i, len(gone), gone[0])
+			return
+		}
+		t.Logf("attempt %d: no resumed watch ended with 410 Gone (the reflector relisted after a very short watch instead)", i)
+	}
+	t.Errorf("no watch ended with 410 Gone in %d attempts, so the relist after it was not exercised", attempts)
+}
+
+// gracefulRestart is one attempt of TestGracefulRestart410; it returns the
+// log lines of watches that ended with 410 Gone.
+func gracefulRestart(t *testing.T) []string {
 	r := newOutageRig(t, "--shutdown-watch-termination-grace-period=2s")
 	before := r.p.tracker.Current()
 	// Watches that close within a second of opening are "very short" to
@@ -364,11 +390,10 @@ func TestGracefulRestart410(t *testing.T) {
 		}
 	}
 	if len(gone) == 0 {
-		t.Errorf("no watch ended with 410 Gone, so the relist after it was not exercised; the log:\n%s", strings.Join(messages(r.logs.All()), "\n"))
-	} else {
-		t.Logf("%d resumed watches ended with 410 Gone and relisted, e.g. %s", len(gone), gone[0])
+		t.Logf("no watch ended with 410 Gone; the log:\n%s", strings.Join(messages(r.logs.All()), "\n"))
 	}
 	r.recovered()
+	return gone
 }
 
 func messages(es []observer.LoggedEntry) []string {

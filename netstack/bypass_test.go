@@ -3,8 +3,11 @@ package netstack
 import (
 	"context"
 	"encoding/binary"
+	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/userproxy/userproxy/conntrack"
 )
 
 // udpBypassHandler echoes the first datagram through its socket, then
@@ -123,5 +126,29 @@ func TestUDPPayload(t *testing.T) {
 		if ok != tc.ok || string(got) != tc.want {
 			t.Errorf("%s: %q, %v; want %q, %v", tc.name, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// TestUDPBypassTakeNoAllocs: take runs for every established UDP datagram.
+func TestUDPBypassTakeNoAllocs(t *testing.T) {
+	var u udpBypass
+	client, svc := netip.MustParseAddrPort("192.0.2.7:40000"), netip.MustParseAddrPort("10.96.0.53:53")
+	r := &UDPRequest{client: client, svc: svc, bypass: &u}
+	var got int
+	stop := r.Bypass(func(p []byte) { got += len(p) })
+	defer stop()
+	pkt := make([]byte, 20+8+4)
+	pkt[0], pkt[9] = 0x45, 17
+	binary.BigEndian.PutUint16(pkt[24:], 12)
+	tuple := r.Tuple()
+	if !u.take(tuple, pkt) || got != 4 {
+		t.Fatalf("take: got %d bytes, want the 4-byte payload", got)
+	}
+	other := conntrack.MakeTuple(conntrack.UDP, netip.MustParseAddrPort("192.0.2.8:40000"), svc)
+	if u.take(other, pkt) {
+		t.Fatal("an unregistered flow was taken")
+	}
+	if a := testing.AllocsPerRun(100, func() { u.take(tuple, pkt) }); a != 0 {
+		t.Errorf("take allocates %.1f times per datagram, want 0", a)
 	}
 }

@@ -73,8 +73,8 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 	// The client's later datagrams skip gVisor and the client pump: the
 	// gate writes them to the endpoint socket itself.
 	stopBypass := func() {}
-	if send := nonBlockingSend(backend, &p.stats.bytes[0]); send != nil {
-		stopBypass = r.Bypass(send)
+	if s := newUDPSender(backend, &p.stats.bytes[0]); s != nil {
+		stopBypass = r.Bypass(s.send)
 	}
 	var once sync.Once
 	var removed atomic.Bool
@@ -133,10 +133,22 @@ func (p *Proxy) pump(dst, src net.Conn, dir int) {
 	}
 }
 
-// nonBlockingSend returns a function that sends one datagram on c without
-// ever blocking (a full socket buffer drops it, as a full queue would), for
-// the gate's goroutine; nil when c is not a kernel socket.
-func nonBlockingSend(c net.Conn, sent *atomic.Uint64) func([]byte) {
+// udpSender sends datagrams on a connected kernel socket without ever
+// blocking (a full socket buffer drops the datagram, as a full queue
+// would), for the gate's goroutine. One per flow, built once, so that a
+// datagram costs no allocation.
+type udpSender struct {
+	rc   syscall.RawConn
+	sent *atomic.Uint64
+	mu   sync.Mutex // the gates of a multi-queue TUN may send at once
+	buf  []byte
+	n    int
+	err  error
+	fn   func(fd uintptr) bool // s.write, bound once
+}
+
+// newUDPSender returns a sender on c, or nil when c is not a kernel socket.
+func newUDPSender(c net.Conn, sent *atomic.Uint64) *udpSender {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return nil
@@ -145,16 +157,29 @@ func nonBlockingSend(c net.Conn, sent *atomic.Uint64) func([]byte) {
 	if err != nil {
 		return nil
 	}
-	return func(b []byte) {
-		var n int
-		var werr error
-		_ = rc.Write(func(fd uintptr) bool {
-			n, werr = syscall.Write(int(fd), b)
-			return true // never wait for the socket
-		})
-		if werr == nil {
-			sent.Add(uint64(n))
-		}
+	s := &udpSender{rc: rc, sent: sent}
+	s.fn = s.write
+	return s
+}
+
+func (s *udpSender) write(fd uintptr) bool {
+	s.n, s.err = syscall.Write(int(fd), s.buf)
+	return true // never wait for the socket
+}
+
+// send writes b as one datagram; b is not kept.
+func (s *udpSender) send(b []byte) {
+	s.mu.Lock()
+	s.buf = b
+	err := s.rc.Write(s.fn)
+	if err == nil {
+		err = s.err
+	}
+	n := s.n
+	s.buf = nil
+	s.mu.Unlock()
+	if err == nil {
+		s.sent.Add(uint64(n))
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -248,5 +247,3 @@ func (h *harness) fail(format string, args ...any) {
 	h.failures = append(h.failures, msg)
 	fmt.Fprintln(os.Stderr, "bench: FAIL:", msg)
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }

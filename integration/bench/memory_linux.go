@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -21,7 +22,7 @@ func (h *harness) memory() error {
 			return err
 		}
 		p, err := startProc("load "+m.mode, "ip", "netns", "exec", h.topo.u, h.self, "load", "-mode", m.mode,
-			"-target", m.target, "-count", itoa(h.o.hold), "-workers", "32")
+			"-target", m.target, "-count", strconv.Itoa(h.o.hold), "-workers", "32")
 		if err != nil {
 			return err
 		}

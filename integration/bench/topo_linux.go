@@ -46,7 +46,6 @@ func inNS(ns string, timeout time.Duration, name string, args ...string) ([]byte
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, name}, args...)...)
-	cmd.Stderr = nil
 	out, err := cmd.Output()
 	if err != nil {
 		if ee, ok := err.(*exec.ExitError); ok {

@@ -17,6 +17,7 @@ import (
 type udpBypassHandler struct {
 	got       chan string
 	fromConn  chan string
+	stopped   chan struct{} // closed once the bypass is unregistered
 	stopAfter int
 }
 
@@ -42,6 +43,7 @@ func (h udpBypassHandler) HandleUDP(r *UDPRequest) {
 	}
 	stop()
 	stop() // twice is harmless
+	close(h.stopped)
 	_ = r.Conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if n, err = r.Conn.Read(buf); err == nil {
 		h.fromConn <- string(buf[:n])
@@ -51,7 +53,7 @@ func (h udpBypassHandler) HandleUDP(r *UDPRequest) {
 
 func TestUDPBypass(t *testing.T) {
 	st, _, _ := newTestStack(t, accept)
-	h := udpBypassHandler{got: make(chan string, 10), fromConn: make(chan string, 10), stopAfter: 2}
+	h := udpBypassHandler{got: make(chan string, 10), fromConn: make(chan string, 10), stopped: make(chan struct{}), stopAfter: 2}
 	st.SetFlowHandler(h)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -63,6 +65,13 @@ func TestUDPBypass(t *testing.T) {
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	buf := make([]byte, 100)
 	for i, want := range []struct{ msg, via string }{{"one", "conn"}, {"two", "bypass"}, {"three", "bypass"}, {"four", "conn"}} {
+		if want.msg == "four" {
+			select { // the handler unregisters after the second bypassed datagram
+			case <-h.stopped:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the handler did not unregister its bypass")
+			}
+		}
 		if _, err := c.Write([]byte(want.msg)); err != nil {
 			t.Fatal(err)
 		}

@@ -41,6 +41,7 @@ type GateStats struct {
 	InFlightLimited             uint64
 	HandlerPanics               uint64
 	HandshakesAborted           uint64
+	ResetsAfterEntry            uint64
 }
 
 // Sources are where the metrics come from. Every field may be nil: its
@@ -318,6 +319,8 @@ func gateGroup(snap func() GateStats) metricGroup {
 			func(s *GateStats) uint64 { return s.HandlerPanics }),
 		counter("gate_handshakes_aborted_total", "TCP handshakes aborted because the client did not complete them in time.",
 			func(s *GateStats) uint64 { return s.HandshakesAborted }),
+		counter("gate_reset_after_entry_packets_total", "Packets of TCP flows ended after their conntrack entry was gone (flush, expiry) let through so that the client gets its RST.",
+			func(s *GateStats) uint64 { return s.ResetsAfterEntry }),
 	}}
 }
 

@@ -74,7 +74,7 @@ func conntrackTable(t *testing.T, flows ...flow) *conntrack.Table {
 		if err := ct.Confirm(&r); err != nil {
 			t.Fatal(err)
 		}
-		if !ct.Bind(r.Tuple, netip.MustParseAddrPort(f.endpoint), f.servicePort) {
+		if !ct.Bind(r.Tuple, &conntrack.Binding{Endpoint: netip.MustParseAddrPort(f.endpoint), ServicePort: f.servicePort}) {
 			t.Fatalf("flow %+v: Bind failed", f)
 		}
 	}

@@ -114,7 +114,7 @@ func TestConcurrentClassify(t *testing.T) {
 			if r.IntN(4) == 0 {
 				tab.Delete(Filter{SrcPort: uint16(2000 + r.IntN(ports))})
 			}
-			tab.Bind(MakeTuple(TCP, netip.AddrPortFrom(client4.Addr(), uint16(2000+r.IntN(ports))), service4), pod4, "ns/svc:p")
+			tab.Bind(MakeTuple(TCP, netip.AddrPortFrom(client4.Addr(), uint16(2000+r.IntN(ports))), service4), &Binding{Endpoint: pod4, ServicePort: "ns/svc:p"})
 			tab.Stats() // not atomic across shards; the bound is checked on the real counter
 			if c := tab.count.Load(); c > tab.max {
 				t.Errorf("%d entries over Max %d", c, tab.max)

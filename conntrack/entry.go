@@ -12,8 +12,7 @@ import (
 type entry struct {
 	key      Tuple          // original-direction tuple, the index key
 	id       uint64         // unique per table, for OnRemove consumers
-	endpoint netip.AddrPort // set by Bind
-	svcPort  string         // set by Bind
+	bind     *Binding       // set by Bind; nil before
 	created  int64          // Clock readings, nanoseconds
 	lastSeen int64          // last packet that refreshed the entry
 	expires  int64          // the entry is dead once the clock reaches it
@@ -41,6 +40,9 @@ type EntryInfo struct {
 	// AddrPort before that.
 	Endpoint    netip.AddrPort
 	ServicePort string
+	// Owner is Binding.Owner: whatever the flow's owner recorded with Bind
+	// (nil before Bind). The table never looks at it.
+	Owner any
 	// Packets and Bytes are counted per Direction; bytes are whole IP
 	// datagrams, as the kernel's nf_conntrack_acct counts them. Packets the
 	// state machine ignores or finds invalid are not counted.
@@ -60,13 +62,14 @@ func snapshot(e *entry, now int64) EntryInfo {
 		ID:          e.id,
 		Original:    e.key,
 		Status:      e.status,
-		Endpoint:    e.endpoint,
-		ServicePort: e.svcPort,
 		Packets:     e.packets,
 		Bytes:       e.bytes,
 		Age:         time.Duration(now - e.created),
 		Idle:        time.Duration(now - e.lastSeen),
 		Timeout:     max(time.Duration(e.expires-now), 0),
+	}
+	if b := e.bind; b != nil {
+		i.Endpoint, i.ServicePort, i.Owner = b.Endpoint, b.ServicePort, b.Owner
 	}
 	if e.key.proto == TCP {
 		i.State = e.tcp.state
@@ -170,10 +173,33 @@ func (f *Filter) match(e *entry) bool {
 		f.DstPort != 0 && k.dstPort != f.DstPort,
 		f.Src.IsValid() && k.SrcAddr() != f.Src,
 		f.Dst.IsValid() && k.DstAddr() != f.Dst,
-		f.Endpoint.IsValid() && e.endpoint.Addr() != f.Endpoint,
-		f.EndpointPort != 0 && (!e.endpoint.IsValid() || e.endpoint.Port() != f.EndpointPort),
-		f.ServicePort != "" && e.svcPort != f.ServicePort:
+		(f.Endpoint.IsValid() || f.EndpointPort != 0 || f.ServicePort != "") && e.bind == nil:
 		return false
 	}
+	if b := e.bind; b != nil {
+		switch {
+		case f.Endpoint.IsValid() && b.Endpoint.Addr() != f.Endpoint,
+			f.EndpointPort != 0 && (!b.Endpoint.IsValid() || b.Endpoint.Port() != f.EndpointPort),
+			f.ServicePort != "" && b.ServicePort != f.ServicePort:
+			return false
+		}
+	}
 	return true
+}
+
+// Binding is what a flow's owner records on its entry with Bind: where the
+// flow was sent and who owns it. The table keeps the pointer, so the owner
+// allocates it once per flow (typically inside its own flow record) and must
+// not change it after Bind.
+type Binding struct {
+	// Endpoint is the address the flow was sent to; an IPv4-mapped IPv6
+	// address of an IPv4 flow is normalized to IPv4 by Bind.
+	Endpoint netip.AddrPort
+	// ServicePort names the service port, for listing and filtering.
+	ServicePort string
+	// Owner is the owner's handle for the flow, handed back in the
+	// EntryInfo of OnRemove when the entry leaves the table, so that the
+	// owner finds the flow without looking it up by tuple (its tuple may
+	// already belong to a newer flow).
+	Owner any
 }

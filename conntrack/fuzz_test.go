@@ -232,7 +232,7 @@ func runProgram(t testing.TB, prog []byte, liberal bool) Stats {
 				}
 			case 3:
 				fl := fuzzFlows[int(op>>5&3)]
-				tab.Bind(MakeTuple(fl.proto, fl.c, fl.s), pod4, "ns/svc:port")
+				tab.Bind(MakeTuple(fl.proto, fl.c, fl.s), &Binding{Endpoint: pod4, ServicePort: "ns/svc:port"})
 			}
 			if err := tab.check(); err != nil {
 				t.Fatal(err)

@@ -519,14 +519,16 @@ func (t *Table) Sweep() int {
 	return n
 }
 
-// Bind records on the live entry of the flow orig (an Original-direction
-// tuple) the endpoint it was sent to and the name of its service port, for
-// listing, filtering and OnRemove. The Reply tuple is then listed from the
-// endpoint to the client, as after the kernel's DNAT. A later Bind replaces
-// an earlier one. It reports false when no live entry exists.
-func (t *Table) Bind(orig Tuple, endpoint netip.AddrPort, servicePort string) bool {
-	if orig.family == 4 && endpoint.Addr().Is4In6() {
-		endpoint = netip.AddrPortFrom(endpoint.Addr().Unmap(), endpoint.Port())
+// Bind records b on the live entry of the flow orig (an Original-direction
+// tuple): the endpoint it was sent to and the name of its service port, for
+// listing and filtering, and the owner's handle, handed back when the entry
+// leaves the table. The Reply tuple is then listed from the endpoint to the
+// client, as after the kernel's DNAT. A later Bind replaces an earlier one.
+// It reports false when no live entry exists. The table keeps b; the caller
+// must not change it afterwards.
+func (t *Table) Bind(orig Tuple, b *Binding) bool {
+	if ep := b.Endpoint; orig.family == 4 && ep.Addr().Is4In6() {
+		b.Endpoint = netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port())
 	}
 	now := t.clock.Now()
 	sh, h := t.locate(&orig)
@@ -536,8 +538,7 @@ func (t *Table) Bind(orig Tuple, endpoint netip.AddrPort, servicePort string) bo
 	if e == nil || now >= e.expires {
 		return false
 	}
-	e.endpoint = endpoint
-	e.svcPort = servicePort
+	e.bind = b
 	return true
 }
 

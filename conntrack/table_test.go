@@ -490,7 +490,7 @@ func TestFormat(t *testing.T) {
 	tab, clk := newTestTable(t, nil)
 	f := newFlow(t, tab, clk, client4, service4)
 	f.handshake()
-	if !tab.Bind(f.tuple(), pod4, "default/web:http") {
+	if !tab.Bind(f.tuple(), &Binding{Endpoint: pod4, ServicePort: "default/web:http"}) {
 		t.Fatal("Bind failed")
 	}
 	clk.Advance(3 * time.Second)
@@ -548,18 +548,18 @@ func TestBindListDelete(t *testing.T) {
 		if p%2 == 1 {
 			ep = podB
 		}
-		if !tab.Bind(r.Tuple, ep, "kube-system/kube-dns:dns") {
+		if !tab.Bind(r.Tuple, &Binding{Endpoint: ep, ServicePort: "kube-system/kube-dns:dns"}) {
 			t.Fatal("Bind failed")
 		}
 		udp = append(udp, r.Tuple)
 	}
 	tcp := newFlow(t, tab, clk, client4, service4)
 	tcp.handshake()
-	tab.Bind(tcp.tuple(), netip.AddrPortFrom(netip.AddrFrom16(podA.Addr().As16()), 80), "default/web:http") // 4in6 is unmapped
+	tab.Bind(tcp.tuple(), &Binding{Endpoint: netip.AddrPortFrom(netip.AddrFrom16(podA.Addr().As16()), 80), ServicePort: "default/web:http"}) // 4in6 is unmapped
 	tcp6 := newFlow(t, tab, clk, client6, service6)
 	tcp6.mustSend(Original, flagSYN, 0)
 
-	if tab.Bind(MakeTuple(TCP, client4, pod4), pod4, "x") {
+	if tab.Bind(MakeTuple(TCP, client4, pod4), &Binding{Endpoint: pod4, ServicePort: "x"}) {
 		t.Error("Bind of an unknown tuple succeeded")
 	}
 	if i, _ := tab.Get(tcp.tuple()); i.Endpoint.Addr() != podA.Addr() || i.Reply().Src().Addr() != podA.Addr() {
@@ -638,7 +638,7 @@ func TestListSkipsExpired(t *testing.T) {
 	if tab.Len() != 1 {
 		t.Errorf("Len %d before Sweep", tab.Len())
 	}
-	if tab.Bind(r.Tuple, pod4, "x") {
+	if tab.Bind(r.Tuple, &Binding{Endpoint: pod4, ServicePort: "x"}) {
 		t.Error("Bind on an expired entry")
 	}
 }

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -61,23 +62,23 @@ func newRig(t testing.TB, link *netstack.Link, seed uint64) *rig {
 // rigLimits overrides the datapath's limits; zero fields keep the defaults.
 type rigLimits struct {
 	conntrackMax, udpSessions, inFlight, inFlightPerClient int
+	// clock drives conntrack (nil: the proxy's own coarse clock).
+	clock conntrack.Clock
 }
 
 func newRigWith(t testing.TB, link *netstack.Link, seed uint64, lim rigLimits) *rig {
 	t.Helper()
 	h := &rig{t: t}
 	var err error
-	h.ct, err = conntrack.NewTable(conntrack.Config{Max: lim.conntrackMax, OnRemove: func(i conntrack.EntryInfo, r conntrack.RemoveReason) {
-		h.px.OnConntrackRemove(i, r)
-	}})
+	h.px, err = proxy.New(proxy.Config{Conntrack: conntrack.Config{Max: lim.conntrackMax, Clock: lim.clock}, Rand: balancer.NewSeededSource(seed),
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), DialTimeout: 2 * time.Second, MaxUDPSessions: lim.udpSessions})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.px, err = proxy.New(proxy.Config{Conntrack: h.ct, Rand: balancer.NewSeededSource(seed), Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
-		DialTimeout: 2 * time.Second, MaxUDPSessions: lim.udpSessions})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h.ct = h.px.Conntrack()
+	runCtx, stopRun := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); h.px.Run(runCtx) }()
 	h.st, err = netstack.New(netstack.Options{Link: link, Conntrack: h.ct, Admit: h.px.Admit, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
 		MaxInFlight: lim.inFlight, MaxInFlightPerClient: lim.inFlightPerClient})
 	if err != nil {
@@ -91,6 +92,8 @@ func newRigWith(t testing.TB, link *netstack.Link, seed uint64, lim rigLimits) *
 	t.Cleanup(func() {
 		h.st.Close()
 		h.tracker.Close()
+		stopRun()
+		<-ran
 	})
 	h.tracker.OnSynced()
 	return h

@@ -33,7 +33,7 @@ func (h udpBypassHandler) HandleUDP(r *UDPRequest) {
 	h.fromConn <- string(buf[:n])
 	_, _ = r.Conn.Write(buf[:n])
 	seen := make(chan struct{}, h.stopAfter)
-	stop := r.Bypass(func(p []byte) {
+	stop := r.Forward(func(p []byte) {
 		h.got <- string(p) // copied: the buffer is reused
 		_, _ = r.Conn.Write(p)
 		seen <- struct{}{}
@@ -144,7 +144,7 @@ func TestUDPBypassTakeNoAllocs(t *testing.T) {
 	client, svc := netip.MustParseAddrPort("192.0.2.7:40000"), netip.MustParseAddrPort("10.96.0.53:53")
 	r := &UDPRequest{client: client, svc: svc, bypass: &u}
 	var got int
-	stop := r.Bypass(func(p []byte) { got += len(p) })
+	stop := r.Forward(func(p []byte) { got += len(p) })
 	defer stop()
 	pkt := make([]byte, 20+8+4)
 	pkt[0], pkt[9] = 0x45, 17

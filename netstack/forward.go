@@ -102,7 +102,7 @@ func (r *TCPRequest) Accept() (*TCPConn, error) {
 		r.st.release(r.id)
 		so := ep.SocketOptions()
 		so.SetKeepAlive(true)
-		conn, err = &TCPConn{TCPConn: gonet.NewTCPConn(&wq, ep), ep: ep}, nil
+		conn, err = &TCPConn{TCPConn: gonet.NewTCPConn(&wq, ep), ep: ep, tuple: r.Tuple(), resets: &r.st.resets}, nil
 	})
 	return conn, err
 }
@@ -126,7 +126,9 @@ func (r *TCPRequest) complete(reset bool) {
 // syscall.ECONNRESET with errors.Is.
 type TCPConn struct {
 	*gonet.TCPConn
-	ep tcpip.Endpoint
+	ep     tcpip.Endpoint
+	tuple  conntrack.Tuple
+	resets *resetting
 }
 
 // Read reads from the client.
@@ -141,9 +143,11 @@ func (c *TCPConn) Write(b []byte) (int, error) {
 	return n, translate(err)
 }
 
-// Abort closes the connection with a RST (SO_LINGER 0).
+// Abort closes the connection with a RST (SO_LINGER 0). The RST reaches the
+// client even when the flow's conntrack entry is already gone (reset.go).
 func (c *TCPConn) Abort() error {
 	c.ep.SocketOptions().SetLinger(tcpip.LingerOption{Enabled: true, Timeout: 0})
+	c.resets.mark(c.tuple)
 	return c.TCPConn.Close()
 }
 
@@ -169,6 +173,8 @@ type UDPRequest struct {
 	svc    netip.AddrPort
 	ctx    context.Context
 	bypass *udpBypass
+	ep     tcpip.Endpoint // the flow's gVisor endpoint, behind Conn
+	wq     *waiter.Queue  // its waiter queue
 }
 
 // Client returns the client's address and port.
@@ -349,15 +355,15 @@ func (st *Stack) handleUDP(fr *udp.ForwarderRequest) bool {
 	}
 	st.handlers.Add(1)
 	st.mu.Unlock()
-	var wq waiter.Queue
-	ep, err := fr.CreateEndpoint(&wq)
+	wq := new(waiter.Queue)
+	ep, err := fr.CreateEndpoint(wq)
 	if err != nil {
 		st.handlers.Done()
 		st.logger.Debug("creating a UDP endpoint", zap.String("error", err.String()))
 		return true
 	}
 	client, svc := endpoints(fr.ID())
-	r := &UDPRequest{Conn: gonet.NewUDPConn(&wq, ep), client: client, svc: svc, ctx: st.ctx, bypass: &st.bypass}
+	r := &UDPRequest{Conn: gonet.NewUDPConn(wq, ep), client: client, svc: svc, ctx: st.ctx, bypass: &st.bypass, ep: ep, wq: wq}
 	go st.runUDP(h, r)
 	return true
 }

@@ -14,7 +14,9 @@ package netstack
 //  4. ESTABLISHED and RELATED packets go on into gVisor, but for datagrams
 //     of UDP flows whose handler registered a bypass (bypass.go).
 //  5. Packets gVisor writes to the link are classified in the Reply direction;
-//     INVALID ones are dropped and counted, the rest are written.
+//     INVALID ones are dropped and counted, the rest are written. The RST of
+//     a flow ended after its entry went is let through, and so is the
+//     client's answer to it (reset.go).
 
 import (
 	"sync"
@@ -69,6 +71,7 @@ type gateCounters struct {
 	inFlightLimited    atomic.Uint64
 	handlerPanics      atomic.Uint64
 	handshakesAborted  atomic.Uint64
+	resetsAfterEntry   atomic.Uint64
 }
 
 // gate wraps a link endpoint; see the flow comment at the top of the file.
@@ -80,13 +83,14 @@ type gate struct {
 	rejecter *rejecter
 	counters *gateCounters
 	bypass   *udpBypass
+	resets   *resetting
 }
 
 var _ stack.LinkEndpoint = (*gate)(nil)
 var _ stack.NetworkDispatcher = (*gate)(nil)
 
-func newGate(child stack.LinkEndpoint, ct *conntrack.Table, admit func() AdmitFunc, rej *rejecter, c *gateCounters, bp *udpBypass) *gate {
-	g := &gate{child: child, ct: ct, admit: admit, rejecter: rej, counters: c, bypass: bp}
+func newGate(child stack.LinkEndpoint, ct *conntrack.Table, admit func() AdmitFunc, rej *rejecter, c *gateCounters, bp *udpBypass, rs *resetting) *gate {
+	g := &gate{child: child, ct: ct, admit: admit, rejecter: rej, counters: c, bypass: bp, resets: rs}
 	g.Endpoint.Init(child, g)
 	return g
 }
@@ -101,6 +105,11 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 		return
 	}
 	b := appendPacket((*bp)[:0], pkt)
+	if g.resets.passIn(b, g.ct) {
+		g.counters.resetsAfterEntry.Add(1)
+		g.Endpoint.DeliverNetworkPacket(proto, pkt)
+		return
+	}
 	res := g.ct.Classify(b, conntrack.Original)
 	switch res.Verdict {
 	case conntrack.Invalid:
@@ -169,6 +178,10 @@ func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 			continue
 		}
 		b := appendPacket((*bp)[:0], pkt)
+		if g.resets.passOut(b, g.ct) {
+			g.counters.resetsAfterEntry.Add(1)
+			continue
+		}
 		if g.ct.Classify(b, conntrack.Reply).Verdict == conntrack.Invalid {
 			g.counters.invalidOut.Add(1)
 			drop = markDrop(drop, n, i)

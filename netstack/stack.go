@@ -103,6 +103,7 @@ type Stack struct {
 	hsTimeout   time.Duration
 	gates       map[tcpip.NICID]*gate
 	bypass      udpBypass
+	resets      resetting
 
 	mu        sync.Mutex
 	closed    bool
@@ -179,8 +180,8 @@ func (st *Stack) build(opts Options) error {
 
 	st.pipe = newAsyncPipe(inProcMTU, 1024)
 	ours, theirs := st.pipe.a, st.pipe.b
-	st.gates[linkNIC] = newGate(opts.Link.ep, st.ct, admit, rej, &st.counters, &st.bypass)
-	st.gates[inProcNIC] = newGate(ours, st.ct, admit, rej, &st.counters, &st.bypass)
+	st.gates[linkNIC] = newGate(opts.Link.ep, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)
+	st.gates[inProcNIC] = newGate(ours, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)
 	nics := []struct {
 		id   tcpip.NICID
 		ep   stack.LinkEndpoint
@@ -357,6 +358,11 @@ type Stats struct {
 	// HandshakesAborted counts handshakes aborted because the client did
 	// not complete them within HandshakeTimeout (or at Close).
 	HandshakesAborted uint64
+	// ResetsAfterEntry counts the packets of TCP flows ended after their
+	// conntrack entry had gone (flush, expiry) that the gate let through so
+	// that the client gets its RST: the RSTs, and client segments answered
+	// with one (reset.go).
+	ResetsAfterEntry uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -373,6 +379,7 @@ func (st *Stack) Stats() Stats {
 		Accepted: c.accepted.Load(), Oversized: c.oversized.Load(),
 		TCPInFlight: inflight, InFlightLimited: c.inFlightLimited.Load(),
 		HandlerPanics: c.handlerPanics.Load(), HandshakesAborted: c.handshakesAborted.Load(),
+		ResetsAfterEntry: c.resetsAfterEntry.Load(),
 	}
 }
 

@@ -10,9 +10,9 @@ package proxy
 //     server steps aside.
 //  3. HandleTCP completes the handshake and hands the connection to the
 //     handler; HandleUDP hands it the flow's connected socket. The flow is
-//     registered like a proxied one: when its conntrack entry leaves the
-//     table, or on Shutdown, its connection is closed, and the handler's
-//     next read fails.
+//     tracked like a proxied one (with no endpoint on its entry): when its
+//     conntrack entry leaves the table, or on Shutdown, its connection is
+//     reset or closed, and the handler's next read fails.
 //  4. When the handler returns, the connection is closed; a UDP flow's
 //     conntrack entry goes too, so a later datagram is a new flow.
 
@@ -90,9 +90,12 @@ func (p *Proxy) serveLocalTCP(r *netstack.TCPRequest, h LocalHandler) {
 	if ce := p.logger.Check(zap.DebugLevel, "local TCP flow started"); ce != nil {
 		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("local", r.Service()))
 	}
-	f := &flow{close: func() { _ = conn.Close() }}
-	p.register(tuple, f)
-	defer p.unregister(tuple, f)
+	f := newFlow(tuple, true, conntrack.Binding{}, func() { _ = conn.Abort() })
+	defer p.untrack(f)
+	if !p.track(f) {
+		_ = conn.Abort()
+		return
+	}
 	h.ServeTCP(conn)
 }
 
@@ -105,10 +108,11 @@ func (p *Proxy) serveLocalUDP(r *netstack.UDPRequest, h LocalHandler, exact conn
 		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("local", r.Service()))
 	}
 	var removed atomic.Bool
-	f := &flow{close: func() { removed.Store(true); _ = r.Conn.Close() }}
-	p.register(tuple, f)
-	h.ServeUDP(r.Conn)
-	p.unregister(tuple, f)
+	f := newFlow(tuple, false, conntrack.Binding{}, func() { removed.Store(true); _ = r.Conn.Close() })
+	defer p.untrack(f)
+	if p.track(f) {
+		h.ServeUDP(r.Conn)
+	}
 	if !removed.Load() {
 		// The handler ended the flow (idle): forget it, so a later
 		// datagram is admitted afresh.

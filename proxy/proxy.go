@@ -10,17 +10,21 @@ package proxy
 //     again (the table may have changed), pick the endpoint (affinity, else
 //     the lottery), dial it first, and only then complete the client's
 //     handshake (tcp.go) or start the relay (udp.go).
-//  3. The conntrack entry records the binding; when it leaves the table
-//     (timeout, flush, endpoint removal), OnConntrackRemove ends the flow.
-//  4. SetTable swaps in a new service table; endpoints that left UDP service
-//     ports lose their conntrack entries (so the next datagram picks a live
-//     endpoint), and affinity lists of departed endpoints are dropped.
+//  3. The conntrack entry records the binding and the flow's handle; when
+//     it leaves the table (timeout, flush, endpoint removal) the flow is
+//     queued for the reaper, which ends it (flows.go).
+//  4. SetTable swaps in a new service table; UDP flows to endpoints that
+//     stopped serving lose their conntrack entries (so the next datagram
+//     picks a live endpoint), and affinity lists of departed endpoints are
+//     dropped.
 //  5. Local servers (local.go): a flow to an address registered with
 //     SetLocal that no service port claims is served in-process.
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"hash/maphash"
 	"net"
 	"net/netip"
 	"sync"
@@ -42,9 +46,15 @@ type Dialer interface {
 
 // Config configures a Proxy.
 type Config struct {
-	// Conntrack is the table the gate classifies with (required). Its
-	// OnRemove must call Proxy.OnConntrackRemove.
-	Conntrack *conntrack.Table
+	// Conntrack configures the conntrack table the proxy builds and owns
+	// (Proxy.Conntrack gives it to the stack). OnRemove must be nil: the
+	// proxy sets it. A zero HashSeed is replaced by a random one, so that
+	// clients cannot precompute colliding tuples. A nil Clock means a
+	// coarse clock (conntrack.CoarseClock) that Run ticks every 10 ms, as
+	// the kernel's conntrack reads jiffies; affinity then reads it too.
+	Conntrack conntrack.Config
+	// SweepInterval is how often Run sweeps expired entries; 0 means 1 s.
+	SweepInterval time.Duration
 	// DialTimeout bounds the dial of an endpoint; 0 means 5 s.
 	DialTimeout time.Duration
 	// AffinityListSize is xt_recent's ip_list_tot; 0 means 100.
@@ -55,7 +65,8 @@ type Config struct {
 	Dialer Dialer
 	// Rand is the lottery's random source; nil means balancer.RuntimeSource.
 	Rand balancer.Source
-	// Clock for affinity; nil means the system clock.
+	// Clock for affinity; nil means the conntrack clock when the proxy
+	// ticks its own, else the system clock.
 	Clock balancer.Clock
 	// Logger; nil means zap.NewNop().
 	Logger *zap.Logger
@@ -73,8 +84,8 @@ type Proxy struct {
 	pickers atomic.Pointer[map[pickerKey]*balancer.Picker]
 	syncMu  sync.Mutex // serializes SetTable
 
-	flowsMu sync.Mutex
-	flows   map[conntrack.Tuple]*flow
+	coarse *conntrack.CoarseClock // the conntrack clock Run ticks; nil if injected
+	flows  *flowSet
 
 	udpSessions atomic.Int64
 	stats       counters
@@ -98,10 +109,15 @@ func keyOf(p *service.Port) pickerKey {
 	return pickerKey{name: p.Name, protocol: p.Protocol, family: p.Family}
 }
 
-// New returns a Proxy without a table: every flow is rejected until SetTable.
+// New returns a Proxy and its conntrack table, without a service table:
+// every flow is rejected until SetTable. Run must be running for flows to
+// end when their entries leave the table.
 func New(cfg Config) (*Proxy, error) {
-	if cfg.Conntrack == nil {
-		return nil, errors.New("proxy: Config.Conntrack is required")
+	if cfg.Conntrack.OnRemove != nil {
+		return nil, errors.New("proxy: Config.Conntrack.OnRemove must be nil (the proxy sets it)")
+	}
+	if cfg.SweepInterval <= 0 {
+		cfg.SweepInterval = time.Second
 	}
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 5 * time.Second
@@ -118,23 +134,38 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Rand == nil {
 		cfg.Rand = balancer.RuntimeSource{}
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = balancer.SystemClock{}
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	p := &Proxy{
-		cfg:     cfg,
-		ct:      cfg.Conntrack,
-		lottery: balancer.NewLottery(64),
-		logger:  cfg.Logger,
-		flows:   make(map[conntrack.Tuple]*flow),
+	p := &Proxy{lottery: balancer.NewLottery(64), logger: cfg.Logger, flows: newFlowSet()}
+	ctc := cfg.Conntrack
+	if ctc.HashSeed == 0 {
+		ctc.HashSeed = maphash.Bytes(maphash.MakeSeed(), nil)
 	}
+	if ctc.Clock == nil {
+		p.coarse = conntrack.NewCoarseClock()
+		ctc.Clock = p.coarse
+		if cfg.Clock == nil {
+			cfg.Clock = coarseTime{clock: p.coarse, origin: time.Now()}
+		}
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = balancer.SystemClock{}
+	}
+	ctc.OnRemove = p.OnConntrackRemove
+	ct, err := conntrack.NewTable(ctc)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	p.cfg, p.ct = cfg, ct
 	empty := map[pickerKey]*balancer.Picker{}
 	p.pickers.Store(&empty)
 	return p, nil
 }
+
+// Conntrack returns the proxy's conntrack table, for the stack's gate and
+// for listing.
+func (p *Proxy) Conntrack() *conntrack.Table { return p.ct }
 
 // Table returns the current service table, nil before the first SetTable.
 func (p *Proxy) Table() *service.Table { return p.table.Load() }
@@ -161,17 +192,15 @@ func (p *Proxy) SetTable(t *service.Table, changes service.Changes) {
 		if pk := next[pickerKey{c.Name, c.Protocol, c.Family}]; pk != nil && pk.Affinity() != nil && c.New != nil {
 			pk.Affinity().Retain(c.New.EndpointKeys)
 		}
-		if c.Protocol != service.UDP {
-			continue
-		}
-		for _, key := range c.EndpointsRemoved {
-			ep, err := parseAddrPort(key)
-			if err != nil {
-				continue
-			}
-			n := p.ct.Delete(conntrack.Filter{Protocol: conntrack.UDP, Endpoint: ep.Addr(), EndpointPort: ep.Port(), ServicePort: c.Name.String()})
+		// UDP flows to endpoints that stopped serving end, so that their
+		// next datagram picks a live endpoint; flows to endpoints that
+		// still serve (terminating, out of this zone's hints, behind a
+		// changed traffic policy) live on, as kube-proxy's cleanup keeps
+		// them (pkg/proxy/conntrack/cleanup.go).
+		for _, addr := range c.StaleUDP {
+			n := p.ct.Delete(conntrack.Filter{Protocol: conntrack.UDP, Endpoint: addr, ServicePort: c.Name.String()})
 			if n > 0 {
-				p.logger.Debug("flushed UDP flows of a removed endpoint", zap.Stringer("servicePort", c.Name), zap.String("endpoint", key), zap.Int("entries", n))
+				p.logger.Debug("ended the UDP flows of an endpoint that stopped serving", zap.Stringer("servicePort", c.Name), zap.Stringer("endpoint", addr), zap.Int("entries", n))
 			}
 		}
 	}
@@ -248,98 +277,39 @@ func (p *Proxy) route(proto service.Protocol, flow conntrack.Tuple) (*service.Po
 	return port, i, byAffinity, v
 }
 
-// Run drives conntrack expiry: it sweeps the table every interval until ctx
+// Run drives the conntrack clock (when the proxy owns it), expiry and the
+// reaper that ends flows whose entries left the table (flows.go), until ctx
 // is done.
-func (p *Proxy) Run(ctx context.Context, interval time.Duration) {
-	if interval <= 0 {
-		interval = time.Second
+func (p *Proxy) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	if p.coarse != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); tickClock(ctx, p.coarse) }()
 	}
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
+	p.reap(ctx, p.cfg.SweepInterval)
+	wg.Wait()
+}
+
+// tickClock advances the conntrack clock every 10 ms until ctx is done.
+func tickClock(ctx context.Context, c *conntrack.CoarseClock) { // conntrack clock ticker
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
-			p.ct.Sweep()
-		}
-	}
-}
-
-// flow is a live proxied flow, found by its tuple when its conntrack entry
-// leaves the table.
-type flow struct {
-	id    uint64 // the conntrack entry's ID, 0 if unknown
-	close func()
-	drain func() // half-closes both sides (TCP); nil for UDP
-}
-
-// Shutdown stops admitting flows (new ones are rejected), half-closes every
-// TCP flow both ways so that peers see a FIN rather than a RST, closes UDP
-// flows, and waits until the flows have ended or ctx is done. The caller
-// then closes the stack, which resets whatever is left.
-func (p *Proxy) Shutdown(ctx context.Context) {
-	p.closing.Store(true)
-	p.flowsMu.Lock()
-	flows := make([]*flow, 0, len(p.flows))
-	for _, f := range p.flows {
-		flows = append(flows, f)
-	}
-	p.flowsMu.Unlock()
-	for _, f := range flows {
-		if f.drain != nil {
-			f.drain()
-		} else {
-			f.close()
-		}
-	}
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for p.Flows() > 0 {
-		select {
-		case <-ctx.Done():
-			return
 		case <-t.C:
+			c.Tick()
 		}
 	}
 }
 
-func (p *Proxy) register(t conntrack.Tuple, f *flow) {
-	if info, ok := p.ct.Get(t); ok {
-		f.id = info.ID
-	}
-	p.flowsMu.Lock()
-	p.flows[t] = f
-	p.flowsMu.Unlock()
+// coarseTime reads the conntrack clock as a balancer.Clock: affinity stamps
+// at 10 ms resolution, as xt_recent's are in jiffies, without a system clock
+// read per new connection (half the cost of an affinity check on this VM).
+type coarseTime struct {
+	clock  *conntrack.CoarseClock
+	origin time.Time
 }
 
-func (p *Proxy) unregister(t conntrack.Tuple, f *flow) {
-	p.flowsMu.Lock()
-	if p.flows[t] == f {
-		delete(p.flows, t)
-	}
-	p.flowsMu.Unlock()
-}
-
-// OnConntrackRemove ends the flow whose conntrack entry left the table (step
-// 3). Wire it as the conntrack table's OnRemove.
-func (p *Proxy) OnConntrackRemove(info conntrack.EntryInfo, why conntrack.RemoveReason) {
-	p.flowsMu.Lock()
-	f := p.flows[info.Original]
-	if f != nil && (f.id == 0 || f.id == info.ID) {
-		delete(p.flows, info.Original)
-	} else {
-		f = nil
-	}
-	p.flowsMu.Unlock()
-	if f != nil {
-		f.close()
-	}
-}
-
-// Flows returns the number of live proxied flows.
-func (p *Proxy) Flows() int {
-	p.flowsMu.Lock()
-	defer p.flowsMu.Unlock()
-	return len(p.flows)
-}
+func (c coarseTime) Now() time.Time { return c.origin.Add(time.Duration(c.clock.Now())) }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"net/netip"
 	"testing"
 
@@ -22,14 +23,23 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func newTestProxy(t *testing.T) (*Proxy, *service.Tracker, *conntrack.Table) {
 	t.Helper()
-	var p *Proxy
-	ct, err := conntrack.NewTable(conntrack.Config{OnRemove: func(i conntrack.EntryInfo, r conntrack.RemoveReason) { p.OnConntrackRemove(i, r) }})
+	return newTestProxyWith(t, Config{}, true)
+}
+
+// newTestProxyWith builds a proxy from cfg, runs it until the test ends if
+// run is set, and feeds it from a tracker (synced by the caller).
+func newTestProxyWith(t *testing.T, cfg Config, run bool) (*Proxy, *service.Tracker, *conntrack.Table) {
+	t.Helper()
+	p, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err = New(Config{Conntrack: ct})
-	if err != nil {
-		t.Fatal(err)
+	ct := p.Conntrack()
+	if run {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); p.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
 	}
 	tr, err := service.NewTracker(service.Config{NodeName: "node-a", OnSync: p.SetTable})
 	if err != nil {

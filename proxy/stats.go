@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -98,5 +97,3 @@ func (p *Proxy) Stats() Stats {
 	s.UDPSessions = int(p.udpSessions.Load())
 	return s
 }
-
-func parseAddrPort(s string) (netip.AddrPort, error) { return netip.ParseAddrPort(s) }

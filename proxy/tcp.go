@@ -6,7 +6,9 @@ package proxy
 //  2. dial the endpoint from the host, bounded by DialTimeout; a refused or
 //     timed-out dial refuses the client with a RST, as the pod would.
 //  3. accept: complete the client's handshake only now.
-//  4. bind the conntrack entry to the endpoint, register the flow.
+//  4. track the flow: its handle is bound on the conntrack entry, so that
+//     the entry's removal ends it (flows.go) with a RST to both peers; an
+//     entry already gone ends it at once.
 //  5. splice: one copier per direction; EOF half-closes the other side;
 //     a reset on one side resets the other; both done -> both closed.
 
@@ -64,16 +66,17 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 	}
 	p.stats.count(conntrack.TCP, ResultProxied)
 
-	p.ct.Bind(tuple, endpoint, port.Name.String()) // 4
+	s := &splice{client: client, backend: backend, proxy: p}
+	f := newFlow(tuple, true, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, s.abort) // 4
+	defer p.untrack(f)
+	if !p.track(f) {
+		s.abort()
+		return
+	}
 	if ce := p.logger.Check(zap.DebugLevel, "TCP flow started"); ce != nil {
 		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
 			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
 	}
-	s := &splice{client: client, backend: backend, proxy: p}
-	f := &flow{close: s.abort, drain: s.drain}
-	p.register(tuple, f)
-	defer p.unregister(tuple, f)
-
 	s.run() // 5
 }
 
@@ -141,14 +144,6 @@ func (s *splice) copy(dst, src net.Conn, dir int) error {
 		}
 		s.abort()
 		return rerr
-	}
-}
-
-// drain half-closes both sides: each peer gets a FIN and may finish.
-func (s *splice) drain() {
-	_ = s.client.CloseWrite()
-	if hc, ok := s.backend.(halfCloser); ok {
-		_ = hc.CloseWrite()
 	}
 }
 

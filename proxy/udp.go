@@ -7,13 +7,21 @@ package proxy
 //     bound, refuse (the conntrack entry goes, so a later datagram retries).
 //  2. a host UDP socket connected to the endpoint (no handshake: never
 //     blocks).
-//  3. bind the conntrack entry, register the flow; its removal from the
-//     table (30 s unreplied, 120 s stream, endpoint removed, flush) closes
-//     both sockets.
-//  4. relay: one pump per direction; replies leave from the service
-//     address, because the stack's socket is connected from it.
+//  3. track the flow: its handle is bound on the conntrack entry; the
+//     entry's removal (30 s unreplied, 120 s stream, endpoint stopped
+//     serving, flush) closes both sockets through the reaper (flows.go).
+//  4. client -> endpoint: the stack hands every datagram of the flow to a
+//     sender that writes it to the endpoint socket without blocking
+//     (UDPRequest.Forward), on the goroutine that delivered it: no relay
+//     goroutine, no buffer held while the flow is idle.
+//  5. endpoint -> client, on the handler's goroutine: wait until the
+//     endpoint socket is readable, then read into a pooled buffer and write
+//     the datagram to the client from the service address; an idle flow
+//     holds no buffer. When the endpoint socket is not a kernel socket
+//     (a test's dialer), a plain relay goroutine per direction does both.
 
 import (
+	"context"
 	"errors"
 	"net"
 	"sync"
@@ -65,40 +73,94 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 	defer backend.Close()
 	p.stats.count(conntrack.UDP, ResultProxied)
 
-	p.ct.Bind(tuple, endpoint, port.Name.String()) // 3
-	if ce := p.logger.Check(zap.DebugLevel, "UDP flow started"); ce != nil {
-		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
-			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
-	}
-	// The client's later datagrams skip gVisor and the client pump: the
-	// gate writes them to the endpoint socket itself.
-	stopBypass := func() {}
-	if s := newUDPSender(backend, &p.stats.bytes[0]); s != nil {
-		stopBypass = r.Bypass(s.send)
-	}
 	var once sync.Once
-	var removed atomic.Bool
+	var stopForward func()
 	closeBoth := func() {
 		once.Do(func() {
-			stopBypass()
+			if stopForward != nil {
+				stopForward()
+			}
 			_ = r.Conn.Close()
 			_ = backend.Close()
 		})
 	}
-	f := &flow{close: func() { removed.Store(true); closeBoth() }}
-	p.register(tuple, f)
-
-	done := make(chan struct{}, 2) // 4
-	go p.pumpClientToEndpoint(r.Conn, backend, done)
-	go p.pumpEndpointToClient(backend, r.Conn, done)
-	<-done
+	var ended atomic.Bool // by the reaper
+	f := newFlow(tuple, false, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, func() { ended.Store(true); closeBoth() })
+	defer p.untrack(f)
+	if !p.track(f) { // 3
+		return // the entry went meanwhile: a later datagram starts afresh
+	}
+	// The stack closing ends the flow too: nothing else would wake the
+	// reply relay, which waits on the endpoint socket.
+	stopWatch := context.AfterFunc(r.Context(), closeBoth)
+	defer stopWatch()
+	if ce := p.logger.Check(zap.DebugLevel, "UDP flow started"); ce != nil {
+		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
+			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
+	}
+	if s := newUDPSender(backend, &p.stats.bytes[0]); s != nil {
+		stopForward = r.Forward(s.send) // 4
+		p.relayReplies(s.rc, r.Conn)    // 5
+	} else {
+		done := make(chan struct{}, 2)
+		go p.pumpClientToEndpoint(r.Conn, backend, done)
+		go p.pumpEndpointToClient(backend, r.Conn, done)
+		<-done
+		closeBoth()
+		<-done
+	}
 	closeBoth()
-	<-done
-	p.unregister(tuple, f)
-	if !removed.Load() {
+	if !ended.Load() {
 		// The relay ended on its own (the stack closed, a socket failed):
 		// forget the flow so that a later datagram is admitted afresh.
 		p.ct.Delete(exact)
+	}
+}
+
+// relayReplies writes the endpoint's datagrams to the client until the
+// endpoint socket fails or is closed (step 5). A buffer is taken from the
+// pool only once a datagram is there to read. An ICMP error from the
+// endpoint (ECONNREFUSED on the connected socket) does not end the flow.
+func (p *Proxy) relayReplies(rc syscall.RawConn, client net.Conn) {
+	var (
+		bp   *[]byte
+		n    int
+		rerr error
+	)
+	read := func(fd uintptr) bool {
+		if bp == nil {
+			bp = udpPool.Get().(*[]byte)
+		}
+		n, rerr = syscall.Read(int(fd), *bp)
+		if rerr == syscall.EAGAIN || rerr == syscall.EINTR {
+			udpPool.Put(bp)
+			bp = nil
+			return false // wait until readable
+		}
+		return true
+	}
+	for {
+		if err := rc.Read(read); err != nil {
+			break // closed
+		}
+		if rerr != nil {
+			udpPool.Put(bp)
+			bp = nil
+			if errors.Is(rerr, syscall.ECONNREFUSED) {
+				continue
+			}
+			return
+		}
+		_, werr := client.Write((*bp)[:n])
+		udpPool.Put(bp)
+		bp = nil
+		if werr != nil {
+			return
+		}
+		p.stats.bytes[1].Add(uint64(n))
+	}
+	if bp != nil {
+		udpPool.Put(bp)
 	}
 }
 

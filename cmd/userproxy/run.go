@@ -11,9 +11,11 @@ package main
 //  5. the stack over the TUN, with the proxy as admission and flow handler
 //     (and cluster DNS as the local server at the DNS service IP);
 //  6. the admin server, the conntrack sweeper;
-//  7. on SIGINT/SIGTERM: stop admitting, half-close every flow (FIN, not
-//     RST) and wait up to shutdownGrace, stop the source, close the stack,
-//     undo the host DNS settings, remove what run created, exit 0.
+//  7. on SIGINT/SIGTERM: stop admitting, let flows finish for up to
+//     shutdownGrace, reset the ones left (both sides), stop the source,
+//     close the stack, undo the host DNS settings, remove what run created,
+//     exit 0. Any failure before that (admin address taken, source ended,
+//     DNS bind) returns at once, removing what run created on the way out.
 
 import (
 	"context"
@@ -152,7 +154,8 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 }
 
 func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
-	// 2. conntrack, proxy, tracker.
+	// 2. The proxy and its conntrack table (a random hash seed, a coarse
+	// clock ticked by px.Run, which also sweeps and ends flows), the tracker.
 	timeouts := conntrack.DefaultTimeouts()
 	timeouts.TCPEstablished, timeouts.TCPCloseWait = f.ctEstablished, f.ctCloseWait
 	timeouts.UDP, timeouts.UDPStream = f.ctUDP, f.ctUDPStream
@@ -160,22 +163,14 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if max == 0 {
 		max = conntrack.DefaultMax(runtime.NumCPU())
 	}
-	var px *proxy.Proxy
-	// The packet path reads a clock ticked every 10 ms (the kernel's
-	// conntrack reads jiffies) rather than the system clock per packet.
-	clock := conntrack.NewCoarseClock()
-	ct, err := conntrack.NewTable(conntrack.Config{
-		Max: max, Timeouts: timeouts, Liberal: f.ctLiberal, Clock: clock,
-		OnRemove: func(i conntrack.EntryInfo, r conntrack.RemoveReason) { px.OnConntrackRemove(i, r) },
-	})
-	if err != nil {
-		return fmt.Errorf("conntrack: %w", err)
-	}
-	px, err = proxy.New(proxy.Config{Conntrack: ct, DialTimeout: f.dialTimeout, AffinityListSize: f.affinityListSize,
-		MaxUDPSessions: f.maxUDPSessions, Clock: coarseTime{clock: clock, origin: time.Now()}, Logger: logger.Named("proxy")})
+	px, err := proxy.New(proxy.Config{
+		Conntrack:   conntrack.Config{Max: max, Timeouts: timeouts, Liberal: f.ctLiberal},
+		DialTimeout: f.dialTimeout, AffinityListSize: f.affinityListSize,
+		MaxUDPSessions: f.maxUDPSessions, Logger: logger.Named("proxy")})
 	if err != nil {
 		return err
 	}
+	ct := px.Conntrack()
 	responder, err := newResponder(f, px, logger)
 	if err != nil {
 		return err
@@ -223,15 +218,15 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	defer st.Close() // runs before tun.close: flows end, then routes go
 	st.SetFlowHandler(px)
 
+	// Every early return below must stop these goroutines before the
+	// deferred closes run: cancel first, then wait.
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() { cancel(); wg.Wait() }()
 	srcErr := make(chan error, 1)
-	wg.Add(3)
+	wg.Add(2)
 	go func() { defer wg.Done(); srcErr <- src.Run(ctx) }()
-	go func() { defer wg.Done(); px.Run(ctx, time.Second) }()
-	go func() { defer wg.Done(); tickClock(ctx, clock) }()
+	go func() { defer wg.Done(); px.Run(ctx) }()
 
 	// 6. The admin server.
 	if f.adminAddr != "" {
@@ -253,16 +248,19 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 			return fmt.Errorf("source: %w", err)
 		}
 	}
-	// Stop admitting, send FINs, give the peers a moment to finish; the
-	// deferred Close of the stack resets whatever is left.
+	// Stop admitting, let the flows finish for a moment, then reset what is
+	// left (a response cut short must look cut short); the deferred Close
+	// of the stack then removes the rest.
 	drain, cancelDrain := context.WithTimeout(context.Background(), shutdownGrace)
-	px.Shutdown(drain)
+	if n := px.Shutdown(drain); n > 0 {
+		logger.Info("shutdown: reset the flows still open after the grace period", zap.Int("flows", n), zap.Duration("grace", shutdownGrace))
+	}
 	cancelDrain()
 	return nil
 }
 
-// shutdownGrace bounds how long SIGTERM waits for flows to finish after
-// their FINs.
+// shutdownGrace bounds how long SIGTERM waits for flows to finish on their
+// own before resetting them.
 const shutdownGrace = 3 * time.Second
 
 func newSource(f *runFlags, h service.Handler, logger *zap.Logger) (objectSource, error) {
@@ -279,27 +277,3 @@ func newSource(f *runFlags, h service.Handler, logger *zap.Logger) (objectSource
 	}
 	return kube.New(client, h, logger.Named("kube")), nil
 }
-
-// tickClock advances the conntrack clock every 10 ms until ctx is done.
-func tickClock(ctx context.Context, c *conntrack.CoarseClock) { // conntrack clock ticker
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			c.Tick()
-		}
-	}
-}
-
-// coarseTime reads the conntrack clock as a balancer.Clock: affinity stamps
-// at 10 ms resolution, as xt_recent's are in jiffies, without a system clock
-// read per new connection (half the cost of an affinity check on this VM).
-type coarseTime struct {
-	clock  *conntrack.CoarseClock
-	origin time.Time
-}
-
-func (c coarseTime) Now() time.Time { return c.origin.Add(time.Duration(c.clock.Now())) }

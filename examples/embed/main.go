@@ -48,16 +48,18 @@ func embed() error {
 		}
 	}()
 
-	// The datapath: conntrack, the proxy, the stack over an in-memory link.
-	var px *proxy.Proxy
-	ct, err := conntrack.NewTable(conntrack.Config{OnRemove: func(i conntrack.EntryInfo, r conntrack.RemoveReason) { px.OnConntrackRemove(i, r) }})
+	// The datapath: the proxy with its conntrack table (px.Run ticks its
+	// clock, sweeps it and ends the flows whose entries leave it), the stack
+	// over an in-memory link.
+	px, err := proxy.New(proxy.Config{Conntrack: conntrack.Config{Max: 4096}, Logger: logger.Named("proxy")})
 	if err != nil {
 		return err
 	}
-	if px, err = proxy.New(proxy.Config{Conntrack: ct, Logger: logger.Named("proxy")}); err != nil {
-		return err
-	}
-	st, err := netstack.New(netstack.Options{Link: &netstack.NewMemoryLink(0, 64).Link, Conntrack: ct, Admit: px.Admit, Logger: logger.Named("netstack")})
+	runCtx, stop := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); px.Run(runCtx) }()
+	defer func() { stop(); <-ran }()
+	st, err := netstack.New(netstack.Options{Link: &netstack.NewMemoryLink(0, 64).Link, Conntrack: px.Conntrack(), Admit: px.Admit, Logger: logger.Named("netstack")})
 	if err != nil {
 		return err
 	}

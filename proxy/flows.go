@@ -1,0 +1,208 @@
+package proxy
+
+// The end of every flow. The proxy is the one owner of flow teardown:
+//
+//  1. A flow handler that has its connections calls track: the flow joins
+//     the live set and its handle is bound on its conntrack entry (Bind), so
+//     that the entry's removal can name the flow without a lookup by tuple
+//     (the tuple may already belong to a newer flow).
+//  2. Whatever removes the entry — a timeout met by a packet inside gVisor
+//     (with the endpoint's lock held), the sweeper, a flush from the admin
+//     server, an endpoint leaving — only calls OnConntrackRemove, which
+//     queues the flow (once) and returns: nothing is torn down on the
+//     remover's goroutine.
+//  3. The reaper (a goroutine of Run) drains the queue and ends each flow:
+//     a TCP flow with a RST to both peers, a UDP flow by closing its
+//     sockets.
+//  4. A flow that ends on its own calls untrack: it leaves the live set and
+//     drops its connections, so the entry that outlives it (TIME_WAIT)
+//     holds only the small flow record.
+//  5. Shutdown stops admitting, lets TCP flows finish until its context is
+//     done (UDP flows end at once: nothing of theirs can be cut short),
+//     then resets what is left.
+//
+// The queue is bounded by the live flows: a flow is queued at most once,
+// and every live flow holds a conntrack entry or a UDP session slot, so
+// --conntrack-max bounds it.
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/userproxy/userproxy/conntrack"
+)
+
+// flow is one live flow: its conntrack binding (whose Owner is the flow
+// itself) and how to end it.
+type flow struct {
+	conntrack.Binding
+	tuple conntrack.Tuple
+	// tcp flows get Shutdown's grace period; the others end at its start.
+	tcp bool
+	// queued is set when the flow is handed to the reaper, at most once.
+	queued atomic.Bool
+
+	mu sync.Mutex
+	// end ends the flow: a RST to both peers (TCP), or both sockets closed
+	// (UDP). It must be idempotent and must not block for long. nil once
+	// the flow ended on its own.
+	end func()
+}
+
+// newFlow returns the record of a flow to endpoint of servicePort; end is
+// how to end it from outside.
+func newFlow(tuple conntrack.Tuple, tcp bool, binding conntrack.Binding, end func()) *flow {
+	f := &flow{Binding: binding, tuple: tuple, tcp: tcp, end: end}
+	f.Owner = f
+	return f
+}
+
+// terminate ends the flow unless it already ended on its own.
+func (f *flow) terminate() {
+	f.mu.Lock()
+	end := f.end
+	f.mu.Unlock()
+	if end != nil {
+		end()
+	}
+}
+
+// flowSet is the live flows and the reaper's queue.
+type flowSet struct {
+	mu    sync.Mutex
+	live  map[*flow]struct{}
+	queue []*flow
+	wake  chan struct{} // capacity 1: the reaper has work
+	// reaped counts the flows the reaper ended.
+	reaped atomic.Uint64
+}
+
+func newFlowSet() *flowSet {
+	return &flowSet{live: make(map[*flow]struct{}), wake: make(chan struct{}, 1)}
+}
+
+// track registers f and binds it on its conntrack entry (step 1). It
+// reports false when the entry is already gone (flushed or expired while
+// the endpoint was dialled): the caller must then end the flow itself and
+// untrack it.
+func (p *Proxy) track(f *flow) bool {
+	p.flows.mu.Lock()
+	p.flows.live[f] = struct{}{}
+	p.flows.mu.Unlock()
+	return p.ct.Bind(f.tuple, &f.Binding)
+}
+
+// untrack forgets f, which ended (step 4).
+func (p *Proxy) untrack(f *flow) {
+	f.mu.Lock()
+	f.end = nil
+	f.mu.Unlock()
+	p.flows.mu.Lock()
+	delete(p.flows.live, f)
+	p.flows.mu.Unlock()
+}
+
+// OnConntrackRemove hands the flow whose conntrack entry left the table to
+// the reaper (step 2). The proxy wires it as its table's OnRemove; it never
+// blocks and never touches a connection.
+func (p *Proxy) OnConntrackRemove(info conntrack.EntryInfo, _ conntrack.RemoveReason) {
+	f, ok := info.Owner.(*flow)
+	if !ok || !f.queued.CompareAndSwap(false, true) {
+		return
+	}
+	p.flows.mu.Lock()
+	p.flows.queue = append(p.flows.queue, f)
+	p.flows.mu.Unlock()
+	select {
+	case p.flows.wake <- struct{}{}:
+	default:
+	}
+}
+
+// reap ends the queued flows until ctx is done (step 3); it also sweeps the
+// conntrack table every sweep interval, on the same goroutine, so that
+// expiry and teardown have one owner.
+func (p *Proxy) reap(ctx context.Context, sweep time.Duration) { // flow reaper and conntrack sweeper
+	tick := time.NewTicker(sweep)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			p.ct.Sweep()
+		case <-p.flows.wake:
+		}
+		p.reapQueued()
+	}
+}
+
+// reapQueued ends every flow queued so far.
+func (p *Proxy) reapQueued() {
+	for {
+		p.flows.mu.Lock()
+		batch := p.flows.queue
+		p.flows.queue = nil
+		p.flows.mu.Unlock()
+		if len(batch) == 0 {
+			return
+		}
+		for _, f := range batch {
+			f.terminate()
+			p.flows.reaped.Add(1)
+		}
+	}
+}
+
+// liveFlows returns the live flows, tcp ones or the others.
+func (p *Proxy) liveFlows(tcp bool) []*flow {
+	p.flows.mu.Lock()
+	defer p.flows.mu.Unlock()
+	out := make([]*flow, 0, len(p.flows.live))
+	for f := range p.flows.live {
+		if f.tcp == tcp {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// Flows returns the number of live flows.
+func (p *Proxy) Flows() int {
+	p.flows.mu.Lock()
+	defer p.flows.mu.Unlock()
+	return len(p.flows.live)
+}
+
+// Shutdown stops admitting flows (new ones are rejected), ends UDP flows,
+// and lets TCP flows finish on their own until ctx is done; then it resets
+// the TCP flows left, both sides, so that a client whose response was still
+// streaming sees the truncation as a reset rather than a clean end (step 5).
+// It returns once every flow has ended, or a second after the resets. It
+// reports how many flows it had to reset.
+func (p *Proxy) Shutdown(ctx context.Context) int {
+	p.closing.Store(true)
+	for _, f := range p.liveFlows(false) {
+		f.terminate()
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for p.Flows() > 0 {
+		select {
+		case <-ctx.Done():
+			left := p.liveFlows(true)
+			for _, f := range left {
+				f.terminate()
+			}
+			deadline := time.Now().Add(time.Second)
+			for p.Flows() > 0 && time.Now().Before(deadline) {
+				<-t.C
+			}
+			return len(left)
+		case <-t.C:
+		}
+	}
+	return 0
+}

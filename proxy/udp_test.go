@@ -1,0 +1,111 @@
+package proxy
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/userproxy/userproxy/netstack"
+)
+
+// udpEcho answers each datagram with its own address, until closed.
+func udpEcho(t *testing.T, addr string) net.PacketConn {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 512)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte(pc.LocalAddr().String()), from)
+		}
+	}()
+	t.Cleanup(func() { pc.Close(); <-done })
+	return pc
+}
+
+// A UDP flow keeps its endpoint while that endpoint still serves — here it
+// starts terminating while the other is ready, which takes it out of the
+// usable set — and moves to a live endpoint once it stops serving (issue 15,
+// item 4; kube-proxy pkg/proxy/conntrack/cleanup.go).
+func TestUDPFlowSurvivesWhileItsEndpointServes(t *testing.T) {
+	p, tr, ct := newTestProxy(t)
+	st, err := netstack.New(netstack.Options{Link: &netstack.NewMemoryLink(0, 256).Link, Conntrack: ct, Admit: p.Admit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	st.SetFlowHandler(p)
+	a, b := udpEcho(t, "127.0.0.1:0"), udpEcho(t, "127.0.0.2:0")
+	portA, portB := int32(a.LocalAddr().(*net.UDPAddr).Port), int32(b.LocalAddr().(*net.UDPAddr).Port)
+	// One slice per endpoint, so that each may have its own port.
+	endpointSlice := func(name, addr string, port int32, cond discoveryv1.EndpointConditions) *discoveryv1.EndpointSlice {
+		es := slice("dns", name, v1.ProtocolUDP, port, "", addr)
+		es.Endpoints[0].Conditions = cond
+		return es
+	}
+	yes, no := true, false
+	ready := discoveryv1.EndpointConditions{}
+	tr.OnServiceAdd(svc("dns", "10.96.0.53", v1.ProtocolUDP, 53))
+	tr.OnEndpointSliceAdd(endpointSlice("dns-a", "127.0.0.1", portA, ready))
+	tr.OnEndpointSliceAdd(endpointSlice("dns-b", "127.0.0.2", portB, ready))
+	tr.OnSynced()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := st.DialContext(ctx, "udp", "10.96.0.53:53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ask := func() string {
+		t.Helper()
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Write([]byte("?")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		return string(buf[:n])
+	}
+	first := ask()
+	mine, mineAddr, mineSlice, mineConn := portA, "127.0.0.1", "dns-a", a
+	if first == b.LocalAddr().String() {
+		mine, mineAddr, mineSlice, mineConn = portB, "127.0.0.2", "dns-b", b
+	}
+	if first != mineConn.LocalAddr().String() {
+		t.Fatalf("answer from %q", first)
+	}
+
+	// Terminating but serving: out of the usable set, the flow stays.
+	tr.OnEndpointSliceUpdate(nil, endpointSlice(mineSlice, mineAddr, mine, discoveryv1.EndpointConditions{Ready: &no, Serving: &yes, Terminating: &yes}))
+	for i := range 3 {
+		if got := ask(); got != first {
+			t.Fatalf("datagram %d after the endpoint started terminating went to %s, want %s (the flow was cut)", i, got, first)
+		}
+	}
+	// No longer serving: the flow's entry goes, the next datagram is new
+	// and reaches the other endpoint.
+	tr.OnEndpointSliceUpdate(nil, endpointSlice(mineSlice, mineAddr, mine, discoveryv1.EndpointConditions{Ready: &no, Serving: &no, Terminating: &yes}))
+	deadline := time.Now().Add(5 * time.Second)
+	for got := ask(); got == first; got = ask() {
+		if time.Now().After(deadline) {
+			t.Fatal("the flow stayed on an endpoint that stopped serving")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

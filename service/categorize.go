@@ -18,7 +18,9 @@ import (
 //     endpointsMapFromEndpointInfo),
 //  4. choose the usable ones (topology.go CategorizeEndpoints) and the
 //     verdict (proxier.go syncProxyRules: no endpoints -> REJECT, Local
-//     policy and none local -> DROP).
+//     policy and none local -> DROP);
+//  5. for UDP, note the addresses of every serving endpoint, whatever the
+//     policy and topology: the flows conntrack cleanup keeps.
 
 // nodeInfo is what endpoint selection needs to know about this node.
 type nodeInfo struct {
@@ -58,10 +60,33 @@ func buildPorts(info *svcInfo, sl []*sliceInfo, node nodeInfo, sc *scratch) []*P
 			}
 			p.Endpoints, p.Topology, p.Verdict = categorize(eps, info.itpLocal, node)
 			p.EndpointKeys = endpointKeys(p.Endpoints, sc)
+			if p.Protocol == UDP {
+				p.Serving = servingAddrs(eps)
+			}
 			ports = append(ports, p)
 		}
 	}
 	return ports
+}
+
+// servingAddrs returns the sorted, distinct addresses of the endpoints of
+// eps that are serving (step 5). kube-proxy's stale-entry cleanup
+// (pkg/proxy/conntrack/cleanup.go CleanStaleEntries) keeps the UDP flows of
+// every endpoint IP that IsServing, ignoring traffic policies, topology and
+// terminating state, so that a rolling update does not cut UDP flows to a
+// pod that still serves. nil when none serves.
+func servingAddrs(eps []Endpoint) []netip.Addr {
+	var out []netip.Addr
+	for i := range eps {
+		if eps[i].Serving {
+			out = append(out, eps[i].Addr.Addr())
+		}
+	}
+	if len(out) < 2 {
+		return out
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }
 
 // endpointKeys returns the keys of eps, all cut from one string.

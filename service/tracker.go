@@ -95,10 +95,17 @@ type PortChange struct {
 	Old, New *Port
 	// EndpointsAdded and EndpointsRemoved are the endpoint keys ("ip:port")
 	// that entered or left the port's usable endpoints, sorted. A removed
-	// port removes all of its endpoints. The proxy flushes the UDP conntrack
-	// entries and the affinity state of removed endpoints. Read-only: they
-	// may share memory with the Ports' EndpointKeys.
+	// port removes all of its endpoints. The proxy drops the affinity state
+	// of removed endpoints. Read-only: they may share memory with the Ports'
+	// EndpointKeys.
 	EndpointsAdded, EndpointsRemoved []string
+	// StaleUDP, for a UDP port, are the endpoint addresses whose flows must
+	// end: they served (or were usable) before and serve no more, sorted.
+	// As kube-proxy's cleanup (pkg/proxy/conntrack/cleanup.go), nothing is
+	// stale while no endpoint of the port serves; unlike it, a removed port
+	// makes all of its endpoints stale (the ClusterIP is gone, and the
+	// proxy would otherwise keep relaying its flows until they time out).
+	StaleUDP []netip.Addr
 }
 
 // Tracker turns Service and EndpointSlice events into Tables. It keeps the
@@ -620,7 +627,37 @@ func newPortChange(old, cur *Port) PortChange {
 	default:
 		c.EndpointsAdded, c.EndpointsRemoved = diffSorted(old.EndpointKeys, cur.EndpointKeys)
 	}
+	if c.Protocol == UDP && old != nil {
+		c.StaleUDP = staleUDP(old, cur)
+	}
 	return c
+}
+
+// staleUDP returns the addresses whose UDP flows end when old becomes cur
+// (nil: removed): those of old's serving or usable endpoints that are not
+// serving in cur, unless nothing serves in cur.
+func staleUDP(old, cur *Port) []netip.Addr {
+	if cur != nil && len(cur.Serving) == 0 {
+		return nil
+	}
+	var before []netip.Addr
+	before = append(before, old.Serving...)
+	for i := range old.Endpoints {
+		before = append(before, old.Endpoints[i].Addr.Addr())
+	}
+	slices.SortFunc(before, netip.Addr.Compare)
+	before = slices.Compact(before)
+	var stale []netip.Addr
+	for _, a := range before {
+		if cur == nil {
+			stale = append(stale, a)
+			continue
+		}
+		if _, found := slices.BinarySearchFunc(cur.Serving, a, netip.Addr.Compare); !found {
+			stale = append(stale, a)
+		}
+	}
+	return stale
 }
 
 // diffSorted returns the strings only in b (added) and only in a (removed);

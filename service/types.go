@@ -2,6 +2,7 @@ package service
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -249,6 +250,12 @@ type Port struct {
 	Endpoints []Endpoint
 	// EndpointKeys are Endpoints[i].Key(), in the same order.
 	EndpointKeys []string
+	// Serving, for UDP ports, are the addresses of every endpoint that is
+	// serving (Ready, or Terminating and still serving), whatever the
+	// traffic policy and topology, sorted: the endpoints whose UDP flows
+	// survive a table change (kube-proxy pkg/proxy/conntrack/cleanup.go).
+	// nil for TCP ports and when no endpoint serves.
+	Serving []netip.Addr
 	// Affinity is the session affinity of the service.
 	Affinity Affinity
 	// InternalTrafficPolicyLocal is true for internalTrafficPolicy: Local.
@@ -266,7 +273,8 @@ func (p *Port) equal(o *Port) bool {
 		p.ClusterIP != o.ClusterIP || p.Port != o.Port || p.Affinity != o.Affinity ||
 		p.InternalTrafficPolicyLocal != o.InternalTrafficPolicyLocal ||
 		p.Topology != o.Topology || p.Verdict != o.Verdict ||
-		len(p.Endpoints) != len(o.Endpoints) || len(p.ClusterIPs) != len(o.ClusterIPs) {
+		len(p.Endpoints) != len(o.Endpoints) || len(p.ClusterIPs) != len(o.ClusterIPs) ||
+		!slices.Equal(p.Serving, o.Serving) {
 		return false
 	}
 	for i := range p.ClusterIPs {

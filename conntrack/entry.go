@@ -10,15 +10,15 @@ import (
 // read and written only under the shard's lock. Keep it under 256 bytes
 // (DESIGN.md section 7); TestEntrySize holds the line.
 type entry struct {
-	key      Tuple          // original-direction tuple, the index key
-	id       uint64         // unique per table, for OnRemove consumers
-	bind     *Binding       // set by Bind; nil before
-	created  int64          // Clock readings, nanoseconds
-	lastSeen int64          // last packet that refreshed the entry
-	expires  int64          // the entry is dead once the clock reaches it
-	packets  [2]uint64      // per Direction
-	bytes    [2]uint64      // per Direction, IP datagram lengths
-	prev     *entry         // the shard's list of non-ASSURED entries
+	key      Tuple     // original-direction tuple, the index key
+	id       uint64    // unique per table, for OnRemove consumers
+	bind     *Binding  // set by Bind; nil before
+	created  int64     // Clock readings, nanoseconds
+	lastSeen int64     // last packet that refreshed the entry
+	expires  int64     // the entry is dead once the clock reaches it
+	packets  [2]uint64 // per Direction
+	bytes    [2]uint64 // per Direction, IP datagram lengths
+	prev     *entry    // the shard's list of non-ASSURED entries
 	next     *entry
 	heapIdx  int32 // position in the shard's heap, -1 when not in it
 	status   Status
@@ -59,14 +59,14 @@ type EntryInfo struct {
 // snapshot copies e as seen at now.
 func snapshot(e *entry, now int64) EntryInfo {
 	i := EntryInfo{
-		ID:          e.id,
-		Original:    e.key,
-		Status:      e.status,
-		Packets:     e.packets,
-		Bytes:       e.bytes,
-		Age:         time.Duration(now - e.created),
-		Idle:        time.Duration(now - e.lastSeen),
-		Timeout:     max(time.Duration(e.expires-now), 0),
+		ID:       e.id,
+		Original: e.key,
+		Status:   e.status,
+		Packets:  e.packets,
+		Bytes:    e.bytes,
+		Age:      time.Duration(now - e.created),
+		Idle:     time.Duration(now - e.lastSeen),
+		Timeout:  max(time.Duration(e.expires-now), 0),
 	}
 	if b := e.bind; b != nil {
 		i.Endpoint, i.ServicePort, i.Owner = b.Endpoint, b.ServicePort, b.Owner

@@ -13,7 +13,9 @@ import (
 //  2. gather the endpoints of every slice of that family whose port matches
 //     the service port by name and protocol (endpointslicecache.go
 //     endpointInfoByServicePort; a named targetPort has already been resolved
-//     to a number per slice by the EndpointSlice controller),
+//     to a number per slice by the EndpointSlice controller), leaving out
+//     the slices labelled service.kubernetes.io/headless, which kube-proxy
+//     never watches (sliceInfo.dnsOnly),
 //  3. de-duplicate by "ip:port" and sort by that string (addEndpoints,
 //     endpointsMapFromEndpointInfo),
 //  4. choose the usable ones (topology.go CategorizeEndpoints) and the
@@ -109,8 +111,8 @@ func endpointKeys(eps []Endpoint, sc *scratch) []string {
 	return keys
 }
 
-// gatherEndpoints returns every endpoint of the matching slice ports,
-// de-duplicated by "ip:port" and sorted by that string, in a scratch buffer
+// gatherEndpoints returns every endpoint of the matching slice ports (of
+// the slices that are not for DNS only), de-duplicated by "ip:port" and sorted by that string, in a scratch buffer
 // valid until the next call. When two slices carry the same endpoint, the
 // first by slice name wins, unless a later copy is local and the first is
 // not (kube-proxy keeps an arbitrary one, but prefers a local copy; we make
@@ -118,7 +120,7 @@ func endpointKeys(eps []Endpoint, sc *scratch) []string {
 func gatherEndpoints(sl []*sliceInfo, fam Family, ps DNSPort, node nodeInfo, sc *scratch) []Endpoint {
 	dst := sc.candidates[:0]
 	for _, s := range sl {
-		if s.family != fam {
+		if s.family != fam || s.dnsOnly {
 			continue
 		}
 		for _, sp := range s.ports {

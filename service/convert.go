@@ -174,7 +174,13 @@ type sliceInfo struct {
 	name string
 	// family is the slice's address type; slices of other address types
 	// (FQDN) are not kept at all.
-	family    Family
+	family Family
+	// dnsOnly is true for a slice labelled service.kubernetes.io/headless,
+	// as the EndpointSlice controller labels every slice of a headless
+	// Service: cluster DNS publishes its endpoints, the datapath never uses
+	// them (kube-proxy's EndpointSlice informer does not even list such a
+	// slice: labelSelectorNoHeadlessEndpoints in cmd/kube-proxy/app/server.go).
+	dnsOnly   bool
 	ports     []slicePort
 	endpoints []sliceEndpoint
 }
@@ -207,10 +213,12 @@ func sliceKey(es *discoveryv1.EndpointSlice) (svc ServiceName, ok bool) {
 // newSliceInfo converts an EndpointSlice as kube-proxy's
 // newEndpointSliceInfo and addEndpoints do: ports without a name or a
 // number are ignored, each endpoint counts by its first address, an address
-// of the wrong family is ignored, unset conditions take their defaults.
+// of the wrong family is ignored, unset conditions take their defaults; a
+// slice labelled service.kubernetes.io/headless is kept for DNS only.
 // It returns nil for an address type kube-proxy does not handle (FQDN).
 func newSliceInfo(es *discoveryv1.EndpointSlice) *sliceInfo {
 	info := &sliceInfo{name: es.Name}
+	_, info.dnsOnly = es.Labels[v1.IsHeadlessService]
 	switch es.AddressType {
 	case discoveryv1.AddressTypeIPv4:
 		info.family = IPv4

@@ -105,6 +105,24 @@ func TestDNSView(t *testing.T) {
 					Ports: []service.DNSPort{{Name: "a", Protocol: service.TCP, Port: 1}, {Name: "b", Protocol: service.UDP, Port: 2}}}}},
 		},
 		{
+			// The labels the EndpointSlice controller puts on every slice
+			// of a headless Service (k8s.io/endpointslice utils.go
+			// setEndpointSliceLabels); the datapath leaves such slices out.
+			name: "headless: slices labelled as the EndpointSlice controller labels them",
+			objs: []any{
+				svc("ns/svc", "", nil, headless),
+				func() *discoveryv1.EndpointSlice {
+					es := slice("ns/svc-a", "svc", discoveryv1.AddressTypeIPv4, dbPorts, ep("10.0.0.1"))
+					es.Labels[v1.IsHeadlessService] = ""
+					es.Labels[discoveryv1.LabelManagedBy] = "endpointslice-controller.k8s.io"
+					return es
+				}(),
+			},
+			want: &service.DNSService{Name: service.ServiceName{Namespace: "ns", Name: "svc"}, Headless: true,
+				Endpoints: []service.DNSEndpoint{{Addr: netip.MustParseAddr("10.0.0.1"), Label: "10-0-0-1", Ready: true,
+					Ports: []service.DNSPort{{Name: "pg", Protocol: service.TCP, Port: 5432}}}}},
+		},
+		{
 			name: "headless without endpoints",
 			objs: []any{svc("ns/svc", "", nil, headless)},
 			want: &service.DNSService{Name: service.ServiceName{Namespace: "ns", Name: "svc"}, Headless: true},

@@ -22,6 +22,9 @@
 //     by port name and protocol, de-duplicate by "ip:port", sort by that
 //     string) and topology.go CategorizeEndpoints (Ready endpoints allowed by
 //     topology hints, else Serving+Terminating; internalTrafficPolicy Local);
+//     slices labelled service.kubernetes.io/headless, which kube-proxy's
+//     informer never lists (cmd/kube-proxy/app/server.go), feed the DNS
+//     view only;
 //   - what a flow gets: proxier.go syncProxyRules (no endpoints: REJECT;
 //     Local policy with no local endpoint: DROP).
 //

@@ -423,6 +423,25 @@ func TestPacketFlows(t *testing.T) {
 			client: "10.180.0.9", proto: service.TCP, dst: "10.180.0.1:5432",
 			want: reject(service.NotService, ""),
 		},
+		// cmd/kube-proxy/app/server.go: kube-proxy's EndpointSlice informer
+		// never sees a slice labelled service.kubernetes.io/headless
+		// (labelSelectorNoHeadlessEndpoints); ours does, for cluster DNS, so
+		// the Tracker leaves such a slice out of the datapath, whatever its
+		// service.
+		{
+			name: "a slice labelled headless gives no endpoints to a ClusterIP service",
+			objs: []any{
+				web(),
+				webSlice("web-1", ep("10.180.0.1")),
+				func() *discoveryv1.EndpointSlice {
+					es := webSlice("web-2", ep("10.180.0.2"))
+					es.Labels[v1.IsHeadlessService] = ""
+					return es
+				}(),
+			},
+			client: "10.180.0.9", proto: service.TCP, dst: ip1 + ":80",
+			want: forward("ns1/web:http", "10.180.0.1:80"),
+		},
 		{
 			name: "ExternalName service is skipped even with a ClusterIP",
 			objs: []any{

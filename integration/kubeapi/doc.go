@@ -3,10 +3,12 @@
 // inside a network namespace, through a command prefix such as `ip netns
 // exec NAME`), with certificates, a service-account key and a static admin
 // token made here, and a kubeconfig written for clients. There is no
-// controller-manager: tests write EndpointSlices themselves.
+// controller-manager: tests write EndpointSlices themselves, labelled as the
+// EndpointSlice controller labels them.
 //
 // Its tests drive source/kube through that API server: objects written ->
-// service table, dual-stack ClusterIPs the API server allocates, 1,000
+// service table, a headless Service -> cluster DNS answers, dual-stack
+// ClusterIPs the API server allocates, 1,000
 // services x 10 endpoints with the network-programming latency, API server
 // restarts and outages, and the RBAC of examples/kubernetes. They need the
 // etcd and kube-apiserver binaries (FindBinaries says where it looks and how

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
+	"github.com/userproxy/userproxy/clusterdns"
 	"github.com/userproxy/userproxy/integration/kubeapi"
 	"github.com/userproxy/userproxy/service"
 )
@@ -190,7 +191,7 @@ func TestDualStack(t *testing.T) {
 		newSlice(ns, "dual-v4", "dual", discoveryv1.AddressTypeIPv4, eps("10.2.0.1", "10.2.0.2")...),
 		newSlice(ns, "dual-v6", "dual", discoveryv1.AddressTypeIPv6, eps("fd00:2::1", "fd00:2::2")...),
 		newSlice(ns, "six-v6", "six", discoveryv1.AddressTypeIPv6, eps("fd00:6::1")...),
-		newSlice(ns, "headless-v4", "headless", discoveryv1.AddressTypeIPv4, eps("10.3.0.1")...),
+		newHeadlessSlice(ns, "headless-v4", "headless", discoveryv1.AddressTypeIPv4, eps("10.3.0.1")...),
 	} {
 		if _, err := cs.DiscoveryV1().EndpointSlices(ns).Create(ctx, es, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("%s: %v", es.Name, err)
@@ -221,6 +222,84 @@ func TestDualStack(t *testing.T) {
 	}
 	if names := skippedNames(tb, ns); len(names) != 1 || names[0] != "headless" {
 		t.Errorf("skipped services %v, want the headless one", names)
+	}
+}
+
+// TestFollowsHeadlessService creates a headless Service through the API
+// server, and its EndpointSlices labelled as the EndpointSlice controller
+// labels them (service.kubernetes.io/headless among the labels, which
+// kube-proxy's informer filters out), and checks that cluster DNS answers
+// the service's name with its ready endpoints and an endpoint's own name
+// with its address, following each change within followWithin, while the
+// table proxies nothing of the service.
+func TestFollowsHeadlessService(t *testing.T) {
+	c, cs := startCluster(t)
+	ctx := ctxT(t)
+	ns := newNamespace(t, cs)
+	p := startSource(t, sourceClient(t, c, ""), service.DefaultMinSyncPeriod, nil)
+	resp, err := clusterdns.New(clusterdns.Config{Table: p.tracker.Current})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	db := newService(ns, "db")
+	db.Spec.ClusterIP = v1.ClusterIPNone
+	if _, err := cs.CoreV1().Services(ns).Create(ctx, db, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	slices := cs.DiscoveryV1().EndpointSlices(ns)
+	name := "db." + ns + ".svc.cluster.local"
+	pod0 := "db-0." + name
+	steps := []struct {
+		name  string
+		write func() error
+		want  dnsView
+	}{
+		{"headless service without endpoints", func() error { return nil },
+			dnsView{name: "NOERROR", pod0: "NXDOMAIN"}},
+		{"a slice of three (db-0), one not ready", func() error {
+			_, err := slices.Create(ctx, newHeadlessSlice(ns, "db-1", "db", discoveryv1.AddressTypeIPv4,
+				endpoint{addr: "10.4.0.1", hostname: "db-0"}, endpoint{addr: "10.4.0.2"}, endpoint{addr: "10.4.0.3", notReady: true}), metav1.CreateOptions{})
+			return err
+		}, dnsView{name: "NOERROR 10.4.0.1,10.4.0.2", pod0: "NOERROR 10.4.0.1"}},
+		{"db-0 gone, the third ready", func() error {
+			_, err := slices.Update(ctx, newHeadlessSlice(ns, "db-1", "db", discoveryv1.AddressTypeIPv4,
+				endpoint{addr: "10.4.0.2"}, endpoint{addr: "10.4.0.3"}), metav1.UpdateOptions{})
+			return err
+		}, dnsView{name: "NOERROR 10.4.0.2,10.4.0.3", pod0: "NXDOMAIN"}},
+		{"a second slice", func() error {
+			_, err := slices.Create(ctx, newHeadlessSlice(ns, "db-2", "db", discoveryv1.AddressTypeIPv4,
+				endpoint{addr: "10.4.1.1", hostname: "db-0"}), metav1.CreateOptions{})
+			return err
+		}, dnsView{name: "NOERROR 10.4.0.2,10.4.0.3,10.4.1.1", pod0: "NOERROR 10.4.1.1"}},
+		{"first slice deleted", func() error {
+			return slices.Delete(ctx, "db-1", metav1.DeleteOptions{})
+		}, dnsView{name: "NOERROR 10.4.1.1", pod0: "NOERROR 10.4.1.1"}},
+		{"service deleted", func() error {
+			return cs.CoreV1().Services(ns).Delete(ctx, "db", metav1.DeleteOptions{})
+		}, dnsView{name: "NXDOMAIN", pod0: "NXDOMAIN"}},
+	}
+	for i, s := range steps {
+		if err := s.write(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		took, err := p.waitDNS(resp, s.want, followWithin)
+		if err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		t.Logf("%-40s answered after %v", s.name, took.Round(time.Millisecond))
+		tb := p.tracker.Current()
+		if v := viewOf(tb, ns); len(v) != 0 {
+			t.Errorf("%s: the headless service is proxied:%s", s.name, v)
+		}
+		if i < len(steps)-1 {
+			if names := skippedNames(tb, ns); len(names) != 1 || names[0] != "db" {
+				t.Errorf("%s: skipped services %v, want the headless one", s.name, names)
+			}
+		}
+	}
+	if err := p.src.LastError(); err != nil {
+		t.Errorf("LastError after a clean run: %v", err)
 	}
 }
 

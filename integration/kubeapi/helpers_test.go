@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/userproxy/userproxy/clusterdns"
 	"github.com/userproxy/userproxy/integration/kubeapi"
 	"github.com/userproxy/userproxy/service"
 	"github.com/userproxy/userproxy/source/kube"
@@ -244,6 +246,60 @@ func (p *proxySide) waitView(ns string, want view, within time.Duration) (time.D
 	}
 }
 
+// dnsView is what cluster DNS answers to A queries for some names: per
+// name, the response code and the A records' addresses, sorted, as in
+// "NOERROR 10.4.0.1,10.4.0.2".
+type dnsView map[string]string
+
+func (v dnsView) String() string { return view(v).String() }
+
+// askA asks resp for the A records of each name.
+func askA(resp *clusterdns.Responder, names ...string) dnsView {
+	v := dnsView{}
+	for _, name := range names {
+		q := new(dns.Msg)
+		q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		r := resp.Answer(q, clusterdns.UDP)
+		if r == nil {
+			v[name] = "no reply"
+			continue
+		}
+		var addrs []string
+		for _, rr := range r.Answer {
+			if a, ok := rr.(*dns.A); ok {
+				addrs = append(addrs, a.A.String())
+			}
+		}
+		slices.Sort(addrs)
+		v[name] = strings.TrimSpace(dns.RcodeToString[r.Rcode] + " " + strings.Join(addrs, ","))
+	}
+	return v
+}
+
+// waitDNS waits up to within for resp's answers to the A queries of want's
+// names to equal want, and returns how long that took.
+func (p *proxySide) waitDNS(resp *clusterdns.Responder, want dnsView, within time.Duration) (time.Duration, error) {
+	names := make([]string, 0, len(want))
+	for n := range want {
+		names = append(names, n)
+	}
+	start := time.Now()
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	for {
+		got := askA(resp, names...)
+		if got.String() == want.String() {
+			return time.Since(start), nil
+		}
+		select {
+		case <-p.changed:
+		case <-time.After(50 * time.Millisecond): // the first table, Synced
+		case <-deadline.C:
+			return time.Since(start), fmt.Errorf("DNS did not answer as wanted in time (%v): want%s\nhave%s", within, want, got)
+		}
+	}
+}
+
 // The objects of the tests.
 
 func ptr[T any](v T) *T { return &v }
@@ -262,17 +318,52 @@ func newService(ns, name string) *v1.Service {
 	}
 }
 
-// endpoint is one slice endpoint: an address, ready unless notReady.
+// endpoint is one slice endpoint: an address, ready unless notReady, with
+// a hostname when one is set.
 type endpoint struct {
 	addr     string
 	notReady bool
+	hostname string
 }
 
-// newSlice returns an EndpointSlice of service svc with ports http 8080/TCP
-// and dns 5353/UDP (the targets of newService).
+// endpointSliceController is the EndpointSlice controller's name, the
+// value of its slices' endpointslice.kubernetes.io/managed-by label
+// (pkg/controller/endpointslice ControllerName).
+const endpointSliceController = "endpointslice-controller.k8s.io"
+
+// controllerLabels returns the labels the EndpointSlice controller puts on
+// the slices of Service svc (k8s.io/endpointslice utils.go
+// setEndpointSliceLabels): kubernetes.io/service-name, managed-by, and
+// service.kubernetes.io/headless when the Service is headless. (It also
+// copies the Service's own labels; the tests' Services have none when their
+// slices are written.)
+func controllerLabels(svc string, headless bool) map[string]string {
+	l := map[string]string{
+		discoveryv1.LabelServiceName: svc,
+		discoveryv1.LabelManagedBy:   endpointSliceController,
+	}
+	if headless {
+		l[v1.IsHeadlessService] = ""
+	}
+	return l
+}
+
+// newSlice returns an EndpointSlice of the ClusterIP service svc, labelled
+// as the EndpointSlice controller labels it, with ports http 8080/TCP and
+// dns 5353/UDP (the targets of newService).
 func newSlice(ns, name, svc string, family discoveryv1.AddressType, eps ...endpoint) *discoveryv1.EndpointSlice {
+	return sliceOf(ns, name, svc, false, family, eps...)
+}
+
+// newHeadlessSlice is newSlice for a headless service svc: the controller
+// adds service.kubernetes.io/headless.
+func newHeadlessSlice(ns, name, svc string, family discoveryv1.AddressType, eps ...endpoint) *discoveryv1.EndpointSlice {
+	return sliceOf(ns, name, svc, true, family, eps...)
+}
+
+func sliceOf(ns, name, svc string, headless bool, family discoveryv1.AddressType, eps ...endpoint) *discoveryv1.EndpointSlice {
 	es := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: controllerLabels(svc, headless)},
 		AddressType: family,
 		Ports: []discoveryv1.EndpointPort{
 			{Name: ptr("http"), Protocol: ptr(v1.ProtocolTCP), Port: ptr(int32(8080))},
@@ -280,10 +371,14 @@ func newSlice(ns, name, svc string, family discoveryv1.AddressType, eps ...endpo
 		},
 	}
 	for _, e := range eps {
-		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+		ep := discoveryv1.Endpoint{
 			Addresses:  []string{e.addr},
 			Conditions: discoveryv1.EndpointConditions{Ready: ptr(!e.notReady)},
-		})
+		}
+		if e.hostname != "" {
+			ep.Hostname = ptr(e.hostname)
+		}
+		es.Endpoints = append(es.Endpoints, ep)
 	}
 	return es
 }

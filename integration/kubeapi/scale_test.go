@@ -29,7 +29,7 @@ func scaleSlice(ns string, i int, trigger time.Time) *discoveryv1.EndpointSlice 
 	name := fmt.Sprintf("svc-%04d", i)
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-1",
-			Labels:      map[string]string{discoveryv1.LabelServiceName: name},
+			Labels:      controllerLabels(name, false),
 			Annotations: map[string]string{v1.EndpointsLastChangeTriggerTime: trigger.UTC().Format(time.RFC3339Nano)},
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,

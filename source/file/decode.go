@@ -27,8 +27,15 @@ import (
 //
 //  1. list the files (a directory: its *.yaml, *.yml and *.json files, not
 //     hidden, not recursive, in name order),
-//  2. split each file into documents ("---" lines for YAML; a stream of
-//     values for JSON), remembering the line each starts on,
+//  2. split each file into documents, remembering the line each starts on:
+//     at YAML's "---" and "..." lines, then each document that opens with
+//     '{' or '[' into the JSON values it holds — one, or several back to
+//     back as a JSON stream. So concatenated `kubectl get -o json` outputs
+//     load with or without "---" lines between them, in a .yaml, .yml or
+//     .json file (a JSON value is a YAML flow node; "---" is never valid
+//     JSON, so the split never cuts through one). Such a document that is
+//     not JSON is flow-style YAML, decoded as YAML — except in a .json
+//     file, where it is invalid JSON,
 //  3. decode each document strictly by its apiVersion and kind: a Service,
 //     an EndpointSlice, or a List (v1 List, ServiceList, EndpointSliceList)
 //     of them, as `kubectl get svc,endpointslices -o yaml` prints,
@@ -129,13 +136,54 @@ type document struct {
 	json  bool
 }
 
-// splitDocuments cuts a file into its non-empty documents.
-func splitDocuments(data []byte) ([]document, error) {
-	trimmed := bytes.TrimLeft(data, " \t\r\n\ufeff")
-	if len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[') {
-		return splitJSON(data)
+// byteOrderMark may open a file written by an editor that adds one; YAML
+// ignores it, JSON does not allow it.
+var byteOrderMark = []byte("\ufeff")
+
+// splitDocuments cuts a file into its non-empty documents: YAML documents
+// at their markers, and the JSON values of each that opens with '{' or '['
+// (step 2 above). jsonFile (a .json file) refuses such a document that is
+// not JSON instead of decoding it as YAML.
+func splitDocuments(data []byte, jsonFile bool) ([]document, error) {
+	var out []document
+	add := func(d document) {
+		d.n = len(out) + 1
+		out = append(out, d)
 	}
-	return splitYAML(data), nil
+	for _, d := range splitYAML(bytes.TrimPrefix(data, byteOrderMark)) {
+		off, ok := jsonStart(d)
+		if !ok {
+			add(d)
+			continue
+		}
+		values, err := splitJSON(d.data[off:], d.line)
+		switch {
+		case err == nil:
+			for _, v := range values {
+				add(v)
+			}
+		case jsonFile:
+			err.Document = len(out) + len(values) + 1
+			return nil, err
+		default:
+			add(d) // flow-style YAML, or bad input YAML's error will place
+		}
+	}
+	return out, nil
+}
+
+// jsonStart returns the offset in d.data of the first byte of its first
+// line that is not blank or a comment, and whether that byte opens a JSON
+// object or array.
+func jsonStart(d document) (int, bool) {
+	off := 0
+	for range d.line - d.first { // the blank and comment lines before it
+		off += bytes.IndexByte(d.data[off:], '\n') + 1
+	}
+	for off < len(d.data) && (d.data[off] == ' ' || d.data[off] == '\t') {
+		off++
+	}
+	return off, off < len(d.data) && (d.data[off] == '{' || d.data[off] == '[')
 }
 
 // splitYAML splits at lines starting with "---" (alone, or followed by a
@@ -190,8 +238,10 @@ func firstContentLine(b []byte) (int, bool) {
 	return 0, false
 }
 
-// splitJSON reads a stream of JSON values.
-func splitJSON(data []byte) ([]document, error) {
+// splitJSON reads a stream of JSON values, the first of which starts on
+// file line first. On an error it returns the values before the bad one and
+// a DecodeError whose Document counts from 1 within data.
+func splitJSON(data []byte, first int) ([]document, *DecodeError) {
 	var docs []document
 	dec := json.NewDecoder(bytes.NewReader(data))
 	for {
@@ -205,17 +255,17 @@ func splitJSON(data []byte) ([]document, error) {
 		if errors.Is(err, io.EOF) {
 			return docs, nil
 		}
-		line := 1 + bytes.Count(data[:off], []byte("\n"))
+		line := first + bytes.Count(data[:off], []byte("\n"))
 		if err != nil {
 			return docs, &DecodeError{Document: len(docs) + 1, Line: line, Item: -1, Err: fmt.Errorf("invalid JSON: %w", err)}
 		}
-		docs = append(docs, document{n: len(docs) + 1, line: line, data: raw, json: true})
+		docs = append(docs, document{n: len(docs) + 1, line: line, first: line, data: raw, json: true})
 	}
 }
 
 // decodeFile returns the objects of one file.
 func decodeFile(name string, data []byte) ([]object, error) {
-	docs, err := splitDocuments(data)
+	docs, err := splitDocuments(data, strings.EqualFold(filepath.Ext(name), ".json"))
 	if err != nil {
 		var de *DecodeError
 		if errors.As(err, &de) {

@@ -3,6 +3,7 @@ package file_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -336,6 +337,191 @@ func TestLoadJSON(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"[fd00:10::1]:8080"}, endpoints(t, tr, "[fd00::10]:80")); diff != "" {
 		t.Errorf("table (-want +got):\n%s", diff)
+	}
+}
+
+// kubectlJSONService and kubectlJSONSlice are what `kubectl get svc web -o
+// json` and `kubectl get endpointslice web-abc -o json` print (trimmed of
+// server-set fields the decoder ignores anyway).
+const (
+	kubectlJSONService = `{
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {
+        "name": "web",
+        "namespace": "ns1"
+    },
+    "spec": {
+        "clusterIP": "10.96.0.10",
+        "ports": [
+            {
+                "name": "http",
+                "port": 80,
+                "protocol": "TCP",
+                "targetPort": 8080
+            }
+        ]
+    }
+}
+`
+	kubectlJSONSlice = `{
+    "addressType": "IPv4",
+    "apiVersion": "discovery.k8s.io/v1",
+    "endpoints": [
+        {
+            "addresses": [
+                "10.0.0.2"
+            ]
+        }
+    ],
+    "kind": "EndpointSlice",
+    "metadata": {
+        "labels": {
+            "kubernetes.io/service-name": "web"
+        },
+        "name": "web-abc",
+        "namespace": "ns1"
+    },
+    "ports": [
+        {
+            "name": "http",
+            "port": 8080,
+            "protocol": "TCP"
+        }
+    ]
+}
+`
+)
+
+// TestLoadJSONDocuments: JSON documents in YAML streams (a JSON value is a
+// YAML flow node), and several JSON values in one file, however they are
+// separated, all load as the objects they hold.
+func TestLoadJSONDocuments(t *testing.T) {
+	const yamlSlice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-abc, namespace: ns1, labels: {kubernetes.io/service-name: web}}\n" +
+		"addressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints: [{addresses: [10.0.0.2]}]\n"
+	cases := []struct {
+		name, file, content string
+	}{
+		{"concatenated kubectl -o json outputs, --- between, in .yaml", "dump.yaml",
+			kubectlJSONService + "---\n" + kubectlJSONSlice},
+		{"the same in .yml, with a --- first and a ... end marker", "dump.yml",
+			"---\n" + kubectlJSONService + "---\n" + kubectlJSONSlice + "...\n"},
+		{"the same in .json", "dump.json",
+			kubectlJSONService + "---\n" + kubectlJSONSlice},
+		{"a JSON value on the --- line", "dump.yaml",
+			"--- " + strings.ReplaceAll(kubectlJSONService, "\n", " ") + "\n--- " + strings.ReplaceAll(kubectlJSONSlice, "\n", " ") + "\n"},
+		{"comments before a JSON document", "dump.yaml",
+			"# the service\n\n" + kubectlJSONService + "---\n# its slice\n" + kubectlJSONSlice},
+		{"a JSON document, then a YAML one", "mixed.yaml",
+			kubectlJSONService + "---\n" + yamlSlice},
+		{"a YAML document, then a JSON one", "mixed.yaml",
+			"apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns1}\nspec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80, targetPort: 8080}]}\n---\n" + kubectlJSONSlice},
+		{"JSON indented with tabs, which YAML does not allow", "tabs.yaml",
+			strings.ReplaceAll(kubectlJSONService, "    ", "\t") + "---\n" + strings.ReplaceAll(kubectlJSONSlice, "    ", "\t")},
+		{"flow-style YAML that is not JSON", "flow.yaml",
+			"{apiVersion: v1, kind: Service, metadata: {name: web, namespace: ns1},\n spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80, targetPort: 8080}]}}\n---\n" + yamlSlice},
+		{"two JSON values without ---, in .yaml", "stream.yaml",
+			kubectlJSONService + kubectlJSONSlice},
+		{"two JSON values without ---, after a byte order mark", "stream.json",
+			"\ufeff" + kubectlJSONService + kubectlJSONSlice},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), c.file)
+			write(t, path, c.content)
+			rec, tr := newRecorder(), tracker(t)
+			if err := file.New(path, tee{rec, tr}, nil).Load(); err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"add EndpointSlice ns1/web-abc", "add Service ns1/web", "synced"}
+			if diff := cmp.Diff(want, rec.take()); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff([]string{"10.0.0.2:8080"}, endpoints(t, tr, "10.96.0.10:80")); diff != "" {
+				t.Errorf("table (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestLoadJSONDocumentErrors: a bad JSON document is refused with the
+// file, the document and the line it starts on named; in a .json file as
+// JSON, in a YAML file as YAML (a JSON-looking document that is not JSON
+// may still be flow-style YAML).
+func TestLoadJSONDocumentErrors(t *testing.T) {
+	// kubectlJSONService takes lines 1-19, the --- line 20.
+	const line = 21
+	cases := []struct {
+		name, file, second string
+		document, line     int
+		field              string
+		message            []string
+	}{
+		{
+			name: "broken JSON in .json", file: "bad.json",
+			second:   "{\n  \"apiVersion\": \"v1\",\n  \"kind\": \"Service\",,\n}\n",
+			document: 2, line: line,
+			message: []string{"invalid JSON", "invalid character ','"},
+		},
+		{
+			name: "broken JSON in .yaml: a YAML error with its file line", file: "bad.yaml",
+			second:   "{\n  \"apiVersion\": \"v1\",\n  \"kind\": \"Service\",,\n}\n",
+			document: 2, line: line,
+			// go-yaml places it at the entry before the stray comma.
+			message: []string{"invalid YAML", "yaml: line 22: did not find expected node content"},
+		},
+		{
+			name: "flow-style YAML in .json", file: "bad.json",
+			second:   "{apiVersion: v1, kind: Service}\n",
+			document: 2, line: line,
+			message: []string{"invalid JSON"},
+		},
+		{
+			name: "a second value after a JSON document, in .json", file: "bad.json",
+			second:   "{\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"name\": \"x\"}, \"spec\": {\"clusterIP\": \"None\"}}\n\n{\"a\": [\n",
+			document: 3, line: line + 2,
+			message: []string{"invalid JSON"},
+		},
+		{
+			name: "a valid JSON document with an unknown field", file: "bad.yaml",
+			second:   "{\n  \"apiVersion\": \"v1\", \"kind\": \"Service\",\n  \"metadata\": {\"name\": \"web\", \"namespace\": \"ns1\"},\n  \"spec\": {\"clusterIP\": \"10.96.0.11\", \"ports\": [{\"port\": 80}], \"bogus\": 1}\n}\n",
+			document: 2, line: line, field: "spec.bogus",
+			message: []string{`unknown field "spec.bogus"`, "Service ns1/web"},
+		},
+		{
+			name: "a duplicate key in a JSON document", file: "bad.json",
+			second:   "{\"apiVersion\": \"v1\", \"kind\": \"Service\", \"kind\": \"Service\", \"metadata\": {\"name\": \"web\"}}\n",
+			document: 2, line: line, field: "kind",
+			message: []string{`duplicate field "kind"`},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), c.file)
+			write(t, path, kubectlJSONService+"---\n"+c.second)
+			rec := newRecorder()
+			err := file.New(path, rec, nil).Load()
+			if err == nil {
+				t.Fatal("Load accepted a bad document")
+			}
+			var de *file.DecodeError
+			if !errors.As(err, &de) {
+				t.Fatalf("error %v is not a *DecodeError", err)
+			}
+			if de.File != path || de.Document != c.document || de.Line != c.line || de.Field != c.field {
+				t.Errorf("DecodeError{File %q, Document %d, Line %d, Field %q}, want {%q, %d, %d, %q}",
+					de.File, de.Document, de.Line, de.Field, path, c.document, c.line, c.field)
+			}
+			msg := err.Error()
+			for _, want := range append([]string{fmt.Sprintf("%s: document %d (line %d)", path, c.document, c.line)}, c.message...) {
+				if !strings.Contains(msg, want) {
+					t.Errorf("error %q does not contain %q", msg, want)
+				}
+			}
+			if ev := rec.take(); len(ev) != 0 {
+				t.Errorf("a failed Load delivered %v", ev)
+			}
+		})
 	}
 }
 

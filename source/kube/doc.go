@@ -1,7 +1,10 @@
 // Package kube watches Services and EndpointSlices on a Kubernetes API server
-// with client-go shared informers, filtered as kube-proxy filters them
-// (Selector), and delivers them to a service.Handler; OnSynced comes once
-// both caches have synced. While the API server is unreachable it keeps
+// with client-go shared informers, and delivers them to a service.Handler;
+// OnSynced comes once both caches have synced. Services handed to another
+// proxy are not watched, as kube-proxy does not watch them
+// (ServiceSelector); headless Services and their EndpointSlices, which
+// kube-proxy does not watch either, are, for cluster DNS
+// (EndpointSliceSelector), and the Tracker does not proxy them. While the API server is unreachable it keeps
 // retrying, delivers nothing (so the last table keeps serving), and logs the
 // outage once when it starts and once when it ends.
 //

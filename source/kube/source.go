@@ -25,12 +25,12 @@ import (
 
 // The life of a Source (Run):
 //
-//  1. two shared informers, Services and EndpointSlices, resync off, both
-//     filtered by Selector as kube-proxy filters its informer factory
-//     (cmd/kube-proxy/app/server.go); their list and watch calls go
-//     through observe, which tracks whether the API server answers (a
-//     watch answers once it delivers an event or stays open a second:
-//     observeWatch);
+//  1. two shared informers, resync off: Services filtered by
+//     ServiceSelector, EndpointSlices by EndpointSliceSelector (each says
+//     how that differs from kube-proxy's informers); their list and watch
+//     calls go through observe, which tracks whether the API server
+//     answers (a watch answers once it delivers an event or stays open a
+//     second: observeWatch);
 //  2. informer events go to the handler (pkg/proxy/config/config.go);
 //  3. once both handler registrations have synced, OnSynced, once;
 //  4. while the API server is unreachable the informers retry with
@@ -39,11 +39,29 @@ import (
 //     per retry;
 //  5. when ctx ends the informers stop and Run returns after they have.
 
-// Selector is the label selector of both informers: objects that ask for
-// another service proxy (service.kubernetes.io/service-proxy-name) and the
-// EndpointSlices of headless services (service.kubernetes.io/headless) are
-// not watched — kube-proxy's noProxyName and noHeadlessEndpoints.
-const Selector = "!service.kubernetes.io/service-proxy-name,!" + v1.IsHeadlessService
+// LabelServiceProxyName is the label that hands a Service to another
+// service proxy (kube-proxy's apis.LabelServiceProxyName).
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// ServiceSelector is the label selector of the Service informer: a Service
+// that asks for another service proxy is not watched, as kube-proxy does not
+// watch it (labelSelectorNoProxyName in cmd/kube-proxy/app/server.go).
+// kube-proxy also leaves headless Services out with a field selector
+// (spec.clusterIP!=None); we watch them, for cluster DNS, and the Tracker
+// does not proxy them (service.ReasonHeadless, kube-proxy's
+// ShouldSkipService).
+const ServiceSelector = "!" + LabelServiceProxyName
+
+// EndpointSliceSelector is the label selector of the EndpointSlice
+// informer: none, every slice is watched. kube-proxy leaves out the slices
+// labelled service.kubernetes.io/headless (labelSelectorNoHeadlessEndpoints),
+// the label the EndpointSlice controller puts on every slice of a headless
+// Service — the very slices cluster DNS answers a headless name from. So we
+// watch them and the Tracker keeps them out of the datapath instead, which
+// the datapath cannot tell from kube-proxy's filter. Like kube-proxy we watch
+// the slices of a Service handed to another proxy (the controller copies the
+// label onto them); they serve nothing without their Service.
+const EndpointSliceSelector = ""
 
 // Source delivers the Services and EndpointSlices of a cluster to a
 // service.Handler. The handler is called from the informers' goroutines,
@@ -147,14 +165,14 @@ func (s *Source) Run(ctx context.Context) error {
 		wg.Wait()
 	}()
 
-	svcInf := s.informer(&v1.Service{}, "services",
+	svcInf := s.informer(&v1.Service{}, "services", ServiceSelector,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return s.client.CoreV1().Services(metav1.NamespaceAll).List(ctx, o)
 		},
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			return s.client.CoreV1().Services(metav1.NamespaceAll).Watch(ctx, o)
 		})
-	sliceInf := s.informer(&discoveryv1.EndpointSlice{}, "endpointslices",
+	sliceInf := s.informer(&discoveryv1.EndpointSlice{}, "endpointslices", EndpointSliceSelector,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return s.client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).List(ctx, o)
 		},
@@ -210,7 +228,8 @@ func (s *Source) Run(ctx context.Context) error {
 	wg.Go(func() { svcInf.RunWithContext(ctx) })
 	wg.Go(func() { sliceInf.RunWithContext(ctx) })
 
-	s.log.Info("waiting for the Service and EndpointSlice caches to sync", zap.String("selector", Selector))
+	s.log.Info("waiting for the Service and EndpointSlice caches to sync",
+		zap.String("serviceSelector", ServiceSelector), zap.String("endpointSliceSelector", EndpointSliceSelector))
 	if !cache.WaitForCacheSync(ctx.Done(), svcReg.HasSynced, sliceReg.HasSynced) {
 		return nil // ctx ended first
 	}
@@ -221,21 +240,21 @@ func (s *Source) Run(ctx context.Context) error {
 	return nil
 }
 
-// informer builds a shared informer whose list and watch calls carry
-// Selector and report to observe.
-func (s *Source) informer(example runtime.Object, resource string,
+// informer builds a shared informer whose list and watch calls carry the
+// label selector and report to observe.
+func (s *Source) informer(example runtime.Object, resource, selector string,
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
 ) cache.SharedIndexInformer {
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.LabelSelector = Selector
+			o.LabelSelector = selector
 			obj, err := list(ctx, o)
 			s.observe(ctx, resource, "list", err)
 			return obj, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.LabelSelector = Selector
+			o.LabelSelector = selector
 			w, err := watchFn(ctx, o)
 			if err != nil {
 				s.observe(ctx, resource, "watch", err)

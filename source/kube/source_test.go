@@ -169,14 +169,35 @@ func start(t *testing.T, src *kube.Source) {
 	})
 }
 
+// controllerLabels are the labels the EndpointSlice controller puts on a
+// slice of a Service with labels svcLabels (k8s.io/endpointslice utils.go
+// setEndpointSliceLabels): the Service's own labels, the managed-by label,
+// and service.kubernetes.io/headless when the Service is headless.
+func controllerLabels(svcLabels map[string]string, headless bool) map[string]string {
+	l := map[string]string{discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}
+	for k, v := range svcLabels {
+		l[k] = v
+	}
+	if headless {
+		l[v1.IsHeadlessService] = ""
+	}
+	return l
+}
+
 func TestSyncAddUpdateDelete(t *testing.T) {
+	otherProxy := map[string]string{"service.kubernetes.io/service-proxy-name": "foo"}
 	client := fake.NewClientset(
 		svc("web", "10.96.0.10", nil),
-		slice("web-1", "web", nil, "10.0.0.1"),
-		// Filtered out as kube-proxy filters: another proxy's service, and
-		// a headless service's slice.
-		svc("other-proxy", "10.96.0.11", map[string]string{"service.kubernetes.io/service-proxy-name": "foo"}),
-		slice("db-1", "db", map[string]string{v1.IsHeadlessService: ""}, "10.0.0.9"),
+		slice("web-1", "web", controllerLabels(nil, false), "10.0.0.1"),
+		// A headless service and its slice: watched, for cluster DNS, and
+		// not proxied.
+		svc("db", v1.ClusterIPNone, nil),
+		slice("db-1", "db", controllerLabels(nil, true), "10.0.0.9"),
+		// Another proxy's service is not watched (kube-proxy's
+		// labelSelectorNoProxyName); its slice, which carries the label too,
+		// is, as kube-proxy watches it, and serves nothing.
+		svc("other-proxy", "10.96.0.11", otherProxy),
+		slice("other-proxy-1", "other-proxy", controllerLabels(otherProxy, false), "10.0.0.11"),
 	)
 	var selectors sync.Map
 	client.PrependReactor("list", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -187,18 +208,20 @@ func TestSyncAddUpdateDelete(t *testing.T) {
 	src := kube.New(client, rec, zap.NewNop())
 	start(t, src)
 
-	got := rec.wait(t, "add Service web", "add EndpointSlice web-1", "synced")
-	if got[len(got)-1] != "synced" || len(got) != 3 {
-		t.Fatalf("initial events %v: want the two objects, then synced", got)
+	initial := []string{"add Service web", "add EndpointSlice web-1", "add Service db", "add EndpointSlice db-1",
+		"add EndpointSlice other-proxy-1", "synced"}
+	got := rec.wait(t, initial...)
+	if got[len(got)-1] != "synced" || len(got) != len(initial) {
+		t.Fatalf("initial events %v: want %v, synced last", got, initial)
 	}
 	if !src.Synced() || !src.Stats().Connected {
 		t.Errorf("stats after sync: %+v", src.Stats())
 	}
-	want, err := labels.Parse(kube.Selector)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, res := range []string{"services", "endpointslices"} {
+	for res, selector := range map[string]string{"services": kube.ServiceSelector, "endpointslices": kube.EndpointSliceSelector} {
+		want, err := labels.Parse(selector)
+		if err != nil {
+			t.Fatal(err)
+		}
 		sel, _ := selectors.Load(res)
 		if sel != want.String() {
 			t.Errorf("%s listed with selector %q, want %q", res, sel, want)
@@ -206,6 +229,21 @@ func TestSyncAddUpdateDelete(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"10.0.0.1:8080"}, rec.lookup("10.96.0.10:80")); diff != "" {
 		t.Errorf("table (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"NotService"}, rec.lookup("10.96.0.11:80")); diff != "" {
+		t.Errorf("another proxy's service in the table (-want +got):\n%s", diff)
+	}
+	// The headless service: its endpoint in the DNS view, nothing proxied.
+	dns, ok := rec.Current().DNSService("ns1", "db")
+	if !ok || len(dns.Endpoints) != 1 || dns.Endpoints[0].Addr != netip.MustParseAddr("10.0.0.9") {
+		t.Errorf("DNS view of the headless service: %+v, %v; want its endpoint 10.0.0.9", dns, ok)
+	}
+	if diff := cmp.Diff([]string{"NotService"}, rec.lookup("10.0.0.9:8080")); diff != "" {
+		t.Errorf("headless endpoint in the table (-want +got):\n%s", diff)
+	}
+	wantSkipped := []service.Skipped{{Service: service.ServiceName{Namespace: "ns1", Name: "db"}, Reason: service.ReasonHeadless}}
+	if diff := cmp.Diff(wantSkipped, rec.Current().Skipped()); diff != "" {
+		t.Errorf("Skipped (-want +got):\n%s", diff)
 	}
 
 	ctx := context.Background()

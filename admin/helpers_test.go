@@ -1,6 +1,7 @@
 package admin_test
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,18 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func ptr[T any](v T) *T { return &v }
+
+// skipUnlessCI skips a test that this machine cannot run (no root, a tool
+// missing, no network namespaces), except under CI (CI=1), where it fails:
+// CI runs as root with the tools installed and must run every test. The
+// same rule as integration's requireRoot.
+func skipUnlessCI(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf(format+" (CI must run this test)", args...)
+	}
+	t.Skipf(format, args...)
+}
 
 // svc builds a Service "ns/name" with the given ClusterIPs (comma-separated)
 // and ports.

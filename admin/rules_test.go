@@ -503,16 +503,12 @@ func (f failWriter) Write([]byte) (int, error) { return 0, f.err }
 // unshare(1) and iptables; without them it skips, except under CI (CI=1),
 // where it fails: CI is root and installs them.
 func TestWriteRulesIptablesRoundTrip(t *testing.T) {
-	skip := t.Skipf
-	if os.Getenv("CI") != "" {
-		skip = t.Fatalf
-	}
 	if os.Geteuid() != 0 {
-		skip("needs root")
+		skipUnlessCI(t, "needs root")
 	}
 	for _, bin := range []string{"unshare", "iptables-restore", "iptables-save", "ip6tables-restore", "ip6tables-save"} {
 		if _, err := exec.LookPath(bin); err != nil {
-			skip("needs %s", bin)
+			skipUnlessCI(t, "needs %s", bin)
 		}
 	}
 	tbl := table(t,
@@ -568,7 +564,7 @@ func iptablesRoundTrip(t *testing.T, fam service.Family, in string) string {
 	out, err := cmd.Output()
 	if err != nil {
 		if strings.Contains(stderr.String(), "unshare failed") || strings.Contains(stderr.String(), "Operation not permitted") {
-			t.Skipf("cannot make a network namespace: %s", stderr.String())
+			skipUnlessCI(t, "cannot make a network namespace: %s", stderr.String())
 		}
 		t.Fatalf("%s-restore: %v\n%s", tool, err, stderr.String())
 	}

@@ -59,8 +59,11 @@ func (c *inProcessClient) addr4() netip.Addr { return netip.MustParseAddr("192.0
 
 func TestInProcess(t *testing.T) { runScenarios(t, inProcess{}) }
 
-// flagACK is the TCP ACK flag, for tcpSegment.
-const flagACK = 0x10
+// TCP flags, for tcpSegment.
+const (
+	flagSYN = 0x02
+	flagACK = 0x10
+)
 
 // tcpSegment builds an IPv4 TCP segment without payload, with correct
 // checksums.

@@ -229,18 +229,8 @@ func TestRejecterRateLimit(t *testing.T) {
 // its in-flight slot only for HandshakeTimeout: the handshake is aborted and
 // the handler's Accept fails.
 func TestHandshakeTimeoutAborts(t *testing.T) {
-	ct, err := conntrack.NewTable(conntrack.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	link := NewMemoryLink(0, 64)
-	st, err := New(Options{Link: &link.Link, Conntrack: ct, Admit: accept, HandshakeTimeout: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	accepted := make(chan error, 1)
-	st.SetFlowHandler(handlerFunc(func(r *TCPRequest) {
+	st, link := newHandshakeStack(t, 100*time.Millisecond, handlerFunc(func(r *TCPRequest) {
 		c, err := r.Accept()
 		if c != nil {
 			c.Close()
@@ -260,6 +250,65 @@ func TestHandshakeTimeoutAborts(t *testing.T) {
 	if n := st.Stats().HandshakesAborted; n != 1 {
 		t.Errorf("HandshakesAborted = %d, want 1", n)
 	}
+}
+
+// HandshakeTimeout runs from the client's SYN, so the endpoint dial is
+// part of it: a handler that dials for most of the timeout and then
+// accepts, for a client that never ACKs, sees the handshake aborted about
+// HandshakeTimeout after the SYN, well before HandshakeTimeout after the
+// dial.
+func TestHandshakeTimeoutIncludesDial(t *testing.T) {
+	const timeout, dial = 2 * time.Second, 1500 * time.Millisecond
+	type result struct {
+		err error
+		at  time.Time
+	}
+	done := make(chan result, 1)
+	st, link := newHandshakeStack(t, timeout, handlerFunc(func(r *TCPRequest) {
+		time.Sleep(dial) // the endpoint dial
+		c, err := r.Accept()
+		if c != nil {
+			c.Close()
+		}
+		done <- result{err, time.Now()}
+	}))
+	syn := time.Now()
+	link.Inject(tcpPacket(client, service, header.TCPFlagSyn, 1000, 0))
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(timeout + dial + 10*time.Second):
+		t.Fatal("the handshake was not aborted")
+	}
+	if res.err == nil {
+		t.Fatal("Accept succeeded without the client's ACK")
+	}
+	if took := res.at.Sub(syn); took < timeout || took >= timeout+dial {
+		t.Errorf("handshake aborted %v after the SYN, want from %v (the timeout from the SYN) to before %v (the timeout from the dial's end)",
+			took, timeout, timeout+dial)
+	}
+	waitUntil(t, func() bool { return st.Stats().TCPInFlight == 0 })
+	if n := st.Stats().HandshakesAborted; n != 1 {
+		t.Errorf("HandshakesAborted = %d, want 1", n)
+	}
+}
+
+// newHandshakeStack is a stack over a memory link that accepts every flow,
+// hands it to h and times handshakes out after timeout.
+func newHandshakeStack(t *testing.T, timeout time.Duration, h FlowHandler) (*Stack, *MemoryLink) {
+	t.Helper()
+	ct, err := conntrack.NewTable(conntrack.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := NewMemoryLink(0, 64)
+	st, err := New(Options{Link: &link.Link, Conntrack: ct, Admit: accept, HandshakeTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	st.SetFlowHandler(h)
+	return st, link
 }
 
 type handlerFunc func(*TCPRequest)

@@ -72,8 +72,9 @@ type Options struct {
 	// 0 means 1000 and 50.
 	ICMPPerSecond, ICMPBurst int
 	// HandshakeTimeout bounds how long a client may take to complete its
-	// handshake once the endpoint was dialled (its ACK of our SYN-ACK);
-	// then the handshake is aborted and its in-flight slot and endpoint
+	// handshake, counted from its SYN: the endpoint dial runs within it,
+	// and the client's ACK of our SYN-ACK must come before it ends; then
+	// the handshake is aborted and its in-flight slot and endpoint
 	// connection freed. 0 means 10 s. (gVisor alone retransmits the SYN-ACK
 	// for about two minutes.)
 	HandshakeTimeout time.Duration

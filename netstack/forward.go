@@ -85,11 +85,21 @@ func (r *TCPRequest) Accept() (*TCPConn, error) {
 	)
 	r.once.Do(func() {
 		r.st.mu.Lock()
-		if pd := r.st.inFlight[r.id]; pd != nil {
+		pd := r.st.inFlight[r.id]
+		aborted := pd != nil && pd.aborted
+		if pd != nil {
 			pd.handshaking = true
 			pd.since = time.Now()
 		}
 		r.st.mu.Unlock()
+		if aborted {
+			// The handshake timed out while the endpoint was dialled:
+			// answering now would hold the slot past the timeout.
+			r.fr.Complete(true)
+			r.st.release(r.id)
+			err = errors.New("netstack: the handshake timed out before the endpoint answered")
+			return
+		}
 		var wq waiter.Queue
 		ep, terr := r.fr.CreateEndpoint(&wq)
 		if terr != nil {
@@ -266,6 +276,7 @@ func (st *Stack) release(id stack.TransportEndpointID) {
 type pending struct {
 	since       time.Time
 	handshaking bool   // Accept sent the SYN-ACK: only the client's ACK is missing
+	aborted     bool   // timed out or evicted: Accept refuses it
 	rcvNxt      uint32 // the client's sequence number after its SYN
 	nic         tcpip.NICID
 	proto       tcpip.NetworkProtocolNumber
@@ -299,8 +310,19 @@ func (st *Stack) oldestHandshake(id *stack.TransportEndpointID) bool {
 func (st *Stack) abortHandshake(id stack.TransportEndpointID) {
 	st.mu.Lock()
 	pd := st.inFlight[id]
+	var dialling, again bool
+	if pd != nil {
+		dialling, again = !pd.handshaking, pd.aborted
+		pd.aborted = true
+	}
 	st.mu.Unlock()
-	if pd == nil {
+	if pd == nil || again { // the timer and an eviction may both come
+		return
+	}
+	if dialling {
+		// No SYN-ACK was sent yet: there is nothing for a RST to hit.
+		// Accept refuses the request when the dial returns.
+		st.counters.handshakesAborted.Add(1)
 		return
 	}
 	g := st.gates[pd.nic]

@@ -293,6 +293,38 @@ func TestHandshakeTimeoutIncludesDial(t *testing.T) {
 	}
 }
 
+// A dial longer than HandshakeTimeout: the timeout fires while there is no
+// SYN-ACK for a RST to hit, so Accept, when the dial returns, must refuse
+// the client rather than start a handshake that holds the slot past the
+// timeout (it used to, for as long as gVisor retransmits the SYN-ACK).
+func TestHandshakeTimeoutDuringDial(t *testing.T) {
+	const timeout, dial = 300 * time.Millisecond, 600 * time.Millisecond
+	done := make(chan error, 1)
+	st, link := newHandshakeStack(t, timeout, handlerFunc(func(r *TCPRequest) {
+		time.Sleep(dial) // the endpoint dial
+		c, err := r.Accept()
+		if c != nil {
+			c.Close()
+		}
+		done <- err
+	}))
+	link.Inject(tcpPacket(client, service, header.TCPFlagSyn, 1000, 0))
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Accept succeeded after the handshake timed out")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never returned")
+	}
+	if n := st.Stats().TCPInFlight; n != 0 {
+		t.Errorf("%d handshakes still in flight right after Accept refused", n)
+	}
+	if n := st.Stats().HandshakesAborted; n != 1 {
+		t.Errorf("HandshakesAborted = %d, want 1", n)
+	}
+}
+
 // newHandshakeStack is a stack over a memory link that accepts every flow,
 // hands it to h and times handshakes out after timeout.
 func newHandshakeStack(t *testing.T, timeout time.Duration, h FlowHandler) (*Stack, *MemoryLink) {

@@ -481,18 +481,22 @@ func startIdleFlow(t *testing.T, tunName string) (*binNS, *proc, net.Conn) {
 	return b, p, c
 }
 
-// SIGTERM half-closes idle flows: the client reads EOF (a FIN), not a
-// reset, and the proxy exits 0 once the client has closed.
+// SIGTERM lets flows finish for the grace period (3 s), then resets the
+// ones still open, so that a client whose response was cut short sees a
+// reset rather than a clean EOF (issue 15, item 8); the proxy then exits 0.
 func TestBinaryGracefulShutdown(t *testing.T) {
 	_, p, c := startIdleFlow(t, "upxgr0")
 	defer c.Close()
+	signalled := time.Now()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	n, err := c.Read(make([]byte, 1))
-	if n != 0 || !errors.Is(err, io.EOF) {
-		t.Fatalf("idle client after SIGTERM: read %d bytes, %v; want EOF (a FIN, not a reset)", n, err)
+	if n != 0 || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("idle client after SIGTERM: read %d bytes, %v; want a reset once the grace period is over", n, err)
 	}
-	c.Close()
+	if waited := time.Since(signalled); waited < 2500*time.Millisecond {
+		t.Errorf("reset %v after SIGTERM, before the 3 s grace period", waited)
+	}
 	select {
 	case err := <-p.exited:
 		if err != nil {
@@ -500,6 +504,84 @@ func TestBinaryGracefulShutdown(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("userproxy did not exit after SIGTERM")
+	}
+	if !strings.Contains(p.out.String(), "reset the flows still open") {
+		t.Errorf("the log does not say that flows were reset:\n%s", p.out.String())
+	}
+}
+
+// `userproxy conntrack flush` with a live TCP flow: the proxy ends the flow
+// with a RST that reaches the client, although the flow's entry is gone by
+// the time the RST is written (issue 15, item 2: the client hung).
+func TestBinaryFlushResetsClient(t *testing.T) {
+	b, p, c := startIdleFlow(t, "upxfl0")
+	defer c.Close()
+	bin := userproxyBinary(t)
+	out, err := exec.Command("ip", "netns", "exec", b.name, bin, "conntrack", "flush").CombinedOutput()
+	if err != nil {
+		t.Fatalf("conntrack flush: %v\n%s", err, out)
+	}
+	t.Logf("conntrack flush: %s", strings.TrimSpace(string(out)))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := c.Read(make([]byte, 1))
+	if n != 0 || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("client after the flush: read %d bytes, %v; want ECONNRESET", n, err)
+	}
+	if err := p.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// `userproxy run` whose admin address is taken (127.0.0.1:10249 is also
+// kube-proxy's metrics port) exits non-zero at once, with the error, and
+// leaves neither its TUN device nor its routes behind (issue 15, item 1: it
+// printed the error and hung, holding the TUN).
+func TestBinaryAdminAddressTaken(t *testing.T) {
+	requireRoot(t)
+	bin := userproxyBinary(t)
+	b := newBinNS(t)
+	var ln net.Listener
+	if err := b.c.run(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:10249"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, cfg, quickConfig(b.tcpEndpoint("a"), b.udpEcho()))
+	start := time.Now()
+	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxadm0")
+	select {
+	case err := <-p.exited:
+		took := time.Since(start)
+		t.Logf("exited after %v: %v", took, err)
+		if err == nil {
+			t.Fatal("run exited 0 with its admin address taken")
+		}
+		if took > time.Second {
+			t.Errorf("run took %v to exit, want under a second", took)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not exit with its admin address taken")
+	}
+	if !strings.Contains(p.out.String(), "10249") {
+		t.Errorf("the error does not name the admin address:\n%s", p.out.String())
+	}
+	err := inNS(b.ns, func() error {
+		if _, err := netlink.LinkByName("upxadm0"); err == nil {
+			return errors.New("the TUN device upxadm0 is still there")
+		}
+		routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+		if err != nil {
+			return err
+		}
+		for _, r := range routes {
+			if r.Dst != nil && r.Dst.String() == "10.96.0.0/12" {
+				return fmt.Errorf("the service CIDR route is still there: %v", r)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -575,7 +657,7 @@ func TestBinaryOutages(t *testing.T) {
 // finish.
 func TestBinarySecondSignalForcesExit(t *testing.T) {
 	b, p, c := startIdleFlow(t, "upxsig0")
-	defer c.Close() // never closed before the signals: the drain would wait 3 s
+	defer c.Close() // never closed before the signals: the drain would wait 3 s and reset it
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	waitFor(t, "the first signal to be handled", func() bool {
 		_, _, err := b.get("/healthz")

@@ -75,8 +75,9 @@ type flowSet struct {
 	live  map[*flow]struct{}
 	queue []*flow
 	wake  chan struct{} // capacity 1: the reaper has work
-	// reaped counts the flows the reaper ended.
-	reaped atomic.Uint64
+	// queued and reaped count the flows handed to the reaper and those it
+	// ended, under mu; reaped counts in queue order.
+	queued, reaped uint64
 }
 
 func newFlowSet() *flowSet {
@@ -114,6 +115,7 @@ func (p *Proxy) OnConntrackRemove(info conntrack.EntryInfo, _ conntrack.RemoveRe
 	}
 	p.flows.mu.Lock()
 	p.flows.queue = append(p.flows.queue, f)
+	p.flows.queued++
 	p.flows.mu.Unlock()
 	select {
 	case p.flows.wake <- struct{}{}:
@@ -151,8 +153,30 @@ func (p *Proxy) reapQueued() {
 		}
 		for _, f := range batch {
 			f.terminate()
-			p.flows.reaped.Add(1)
 		}
+		p.flows.mu.Lock()
+		p.flows.reaped += uint64(len(batch))
+		p.flows.mu.Unlock()
+	}
+}
+
+// awaitReaped waits until the reaper has ended every flow queued so far, or
+// until limit: SetTable uses it so that a new table takes effect after the
+// flows it ended are gone (their sockets would otherwise still take the
+// next datagram of the same client port).
+func (p *Proxy) awaitReaped(limit time.Duration) {
+	p.flows.mu.Lock()
+	target := p.flows.queued
+	p.flows.mu.Unlock()
+	deadline := time.Now().Add(limit)
+	for {
+		p.flows.mu.Lock()
+		done := p.flows.reaped >= target
+		p.flows.mu.Unlock()
+		if done || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

@@ -188,6 +188,7 @@ func (p *Proxy) SetTable(t *service.Table, changes service.Changes) {
 	p.pickers.Store(&next)
 	p.table.Store(t)
 
+	ended := 0
 	for _, c := range changes.Ports {
 		if pk := next[pickerKey{c.Name, c.Protocol, c.Family}]; pk != nil && pk.Affinity() != nil && c.New != nil {
 			pk.Affinity().Retain(c.New.EndpointKeys)
@@ -198,11 +199,15 @@ func (p *Proxy) SetTable(t *service.Table, changes service.Changes) {
 		// changed traffic policy) live on, as kube-proxy's cleanup keeps
 		// them (pkg/proxy/conntrack/cleanup.go).
 		for _, addr := range c.StaleUDP {
-			n := p.ct.Delete(conntrack.Filter{Protocol: conntrack.UDP, Endpoint: addr, ServicePort: c.Name.String()})
+			n := p.ct.Delete(conntrack.Filter{Protocol: conntrack.UDP, Endpoint: addr.Addr(), EndpointPort: addr.Port(), ServicePort: c.Name.String()})
+			ended += n
 			if n > 0 {
 				p.logger.Debug("ended the UDP flows of an endpoint that stopped serving", zap.Stringer("servicePort", c.Name), zap.Stringer("endpoint", addr), zap.Int("entries", n))
 			}
 		}
+	}
+	if ended > 0 {
+		p.awaitReaped(time.Second)
 	}
 }
 

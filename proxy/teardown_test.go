@@ -184,7 +184,10 @@ func TestFlushLeavesTeardownToTheReaper(t *testing.T) {
 	expectReset(t, "client", client)
 	expectReset(t, "endpoint", endpoint)
 	waitFlows(t, d.p, 0)
-	if got := d.p.flows.reaped.Load(); got != 1 {
+	d.p.flows.mu.Lock()
+	got := d.p.flows.reaped
+	d.p.flows.mu.Unlock()
+	if got != 1 {
 		t.Errorf("the reaper ended %d flows, want 1", got)
 	}
 }

@@ -73,16 +73,25 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 	defer backend.Close()
 	p.stats.count(conntrack.UDP, ResultProxied)
 
-	var once sync.Once
-	var stopForward func()
+	var (
+		mu          sync.Mutex
+		closed      bool
+		stopForward func()
+	)
 	closeBoth := func() {
-		once.Do(func() {
-			if stopForward != nil {
-				stopForward()
-			}
-			_ = r.Conn.Close()
-			_ = backend.Close()
-		})
+		mu.Lock()
+		if closed {
+			mu.Unlock()
+			return
+		}
+		closed = true
+		stop := stopForward
+		mu.Unlock()
+		if stop != nil {
+			stop()
+		}
+		_ = r.Conn.Close()
+		_ = backend.Close()
 	}
 	var ended atomic.Bool // by the reaper
 	f := newFlow(tuple, false, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, func() { ended.Store(true); closeBoth() })
@@ -99,8 +108,12 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
 	}
 	if s := newUDPSender(backend, &p.stats.bytes[0]); s != nil {
-		stopForward = r.Forward(s.send) // 4
-		p.relayReplies(s.rc, r.Conn)    // 5
+		mu.Lock()
+		if !closed {
+			stopForward = r.Forward(s.send) // 4
+		}
+		mu.Unlock()
+		p.relayReplies(s.rc, r.Conn) // 5
 	} else {
 		done := make(chan struct{}, 2)
 		go p.pumpClientToEndpoint(r.Conn, backend, done)

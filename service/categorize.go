@@ -71,24 +71,22 @@ func buildPorts(info *svcInfo, sl []*sliceInfo, node nodeInfo, sc *scratch) []*P
 	return ports
 }
 
-// servingAddrs returns the sorted, distinct addresses of the endpoints of
-// eps that are serving (step 5). kube-proxy's stale-entry cleanup
+// servingAddrs returns the endpoints of eps that are serving (step 5), in
+// eps' order (sorted by key, distinct). kube-proxy's stale-entry cleanup
 // (pkg/proxy/conntrack/cleanup.go CleanStaleEntries) keeps the UDP flows of
-// every endpoint IP that IsServing, ignoring traffic policies, topology and
+// every endpoint that IsServing, ignoring traffic policies, topology and
 // terminating state, so that a rolling update does not cut UDP flows to a
-// pod that still serves. nil when none serves.
-func servingAddrs(eps []Endpoint) []netip.Addr {
-	var out []netip.Addr
+// pod that still serves. It matches endpoints by IP alone; we keep the port,
+// so that two endpoints on one address (host-network pods) are told apart.
+// nil when none serves.
+func servingAddrs(eps []Endpoint) []netip.AddrPort {
+	var out []netip.AddrPort
 	for i := range eps {
 		if eps[i].Serving {
-			out = append(out, eps[i].Addr.Addr())
+			out = append(out, eps[i].Addr)
 		}
 	}
-	if len(out) < 2 {
-		return out
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return slices.Compact(out)
+	return out
 }
 
 // endpointKeys returns the keys of eps, all cut from one string.

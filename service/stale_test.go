@@ -37,19 +37,19 @@ func TestStaleUDPFollowsServing(t *testing.T) {
 			name:      "terminating and no longer serving",
 			before:    []discoveryv1.Endpoint{ep("10.0.0.1", terminating(true)), ep("10.0.0.2")},
 			after:     []discoveryv1.Endpoint{ep("10.0.0.1", terminating(false)), ep("10.0.0.2")},
-			wantStale: []string{"10.0.0.1"},
+			wantStale: []string{"10.0.0.1:5353"},
 		},
 		{
 			name:      "endpoint removed",
 			before:    []discoveryv1.Endpoint{ep("10.0.0.1"), ep("10.0.0.2"), ep("10.0.0.3")},
 			after:     []discoveryv1.Endpoint{ep("10.0.0.1"), ep("10.0.0.3")},
-			wantStale: []string{"10.0.0.2"},
+			wantStale: []string{"10.0.0.2:5353"},
 		},
 		{
 			name:      "not ready (not serving either)",
 			before:    []discoveryv1.Endpoint{ep("10.0.0.1"), ep("10.0.0.2")},
 			after:     []discoveryv1.Endpoint{ep("10.0.0.1", notReady, func(e *discoveryv1.Endpoint) { e.Conditions.Serving = ptr(false) }), ep("10.0.0.2")},
-			wantStale: []string{"10.0.0.1"},
+			wantStale: []string{"10.0.0.1:5353"},
 		},
 		{
 			name:   "moves out of this zone's hints",
@@ -70,7 +70,7 @@ func TestStaleUDPFollowsServing(t *testing.T) {
 		{
 			name:      "Service deleted: every endpoint is stale (a difference: see README)",
 			before:    []discoveryv1.Endpoint{ep("10.0.0.1"), ep("10.0.0.2", terminating(true))},
-			wantStale: []string{"10.0.0.1", "10.0.0.2"},
+			wantStale: []string{"10.0.0.1:5353", "10.0.0.2:5353"},
 		},
 	}
 	for _, c := range cases {

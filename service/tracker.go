@@ -99,13 +99,13 @@ type PortChange struct {
 	// of removed endpoints. Read-only: they may share memory with the Ports'
 	// EndpointKeys.
 	EndpointsAdded, EndpointsRemoved []string
-	// StaleUDP, for a UDP port, are the endpoint addresses whose flows must
-	// end: they served (or were usable) before and serve no more, sorted.
+	// StaleUDP, for a UDP port, are the endpoints whose flows must end: they
+	// served (or were usable) before and serve no more, sorted by key.
 	// As kube-proxy's cleanup (pkg/proxy/conntrack/cleanup.go), nothing is
 	// stale while no endpoint of the port serves; unlike it, a removed port
 	// makes all of its endpoints stale (the ClusterIP is gone, and the
 	// proxy would otherwise keep relaying its flows until they time out).
-	StaleUDP []netip.Addr
+	StaleUDP []netip.AddrPort
 }
 
 // Tracker turns Service and EndpointSlice events into Tables. It keeps the
@@ -633,27 +633,22 @@ func newPortChange(old, cur *Port) PortChange {
 	return c
 }
 
-// staleUDP returns the addresses whose UDP flows end when old becomes cur
+// staleUDP returns the endpoints whose UDP flows end when old becomes cur
 // (nil: removed): those of old's serving or usable endpoints that are not
 // serving in cur, unless nothing serves in cur.
-func staleUDP(old, cur *Port) []netip.Addr {
+func staleUDP(old, cur *Port) []netip.AddrPort {
 	if cur != nil && len(cur.Serving) == 0 {
 		return nil
 	}
-	var before []netip.Addr
-	before = append(before, old.Serving...)
+	before := slices.Clone(old.Serving)
 	for i := range old.Endpoints {
-		before = append(before, old.Endpoints[i].Addr.Addr())
+		before = append(before, old.Endpoints[i].Addr)
 	}
-	slices.SortFunc(before, netip.Addr.Compare)
+	slices.SortFunc(before, netip.AddrPort.Compare)
 	before = slices.Compact(before)
-	var stale []netip.Addr
+	var stale []netip.AddrPort
 	for _, a := range before {
-		if cur == nil {
-			stale = append(stale, a)
-			continue
-		}
-		if _, found := slices.BinarySearchFunc(cur.Serving, a, netip.Addr.Compare); !found {
+		if cur == nil || !slices.Contains(cur.Serving, a) {
 			stale = append(stale, a)
 		}
 	}

@@ -250,12 +250,12 @@ type Port struct {
 	Endpoints []Endpoint
 	// EndpointKeys are Endpoints[i].Key(), in the same order.
 	EndpointKeys []string
-	// Serving, for UDP ports, are the addresses of every endpoint that is
-	// serving (Ready, or Terminating and still serving), whatever the
-	// traffic policy and topology, sorted: the endpoints whose UDP flows
-	// survive a table change (kube-proxy pkg/proxy/conntrack/cleanup.go).
-	// nil for TCP ports and when no endpoint serves.
-	Serving []netip.Addr
+	// Serving, for UDP ports, are every endpoint that is serving (Ready, or
+	// Terminating and still serving), whatever the traffic policy and
+	// topology, in Endpoints' order: the endpoints whose UDP flows survive
+	// a table change (kube-proxy pkg/proxy/conntrack/cleanup.go). nil for
+	// TCP ports and when no endpoint serves.
+	Serving []netip.AddrPort
 	// Affinity is the session affinity of the service.
 	Affinity Affinity
 	// InternalTrafficPolicyLocal is true for internalTrafficPolicy: Local.

@@ -1,15 +1,18 @@
 package conntrack
 
 // The table: shards of (mutex, hash index, expiry heap, list of non-ASSURED
-// entries), and the calls the gate, proxy and admin make.
+// entries), and the calls the gate, proxy and admin make. The pieces live
+// apart: the state machines in tcp.go and udp.go, ICMP errors in related.go,
+// the expiry heap and Sweep in expiry.go, the table bound and early drop in
+// eviction.go, List and Delete in list.go.
 //
 // 1. Classify: parse, look the flow up, run its state machine (gate, every
 //    packet).
 // 2. Confirm: insert the entry of a New flow the admission function accepted,
 //    making room by early drop when full (gate).
 // 3. Bind: record the endpoint proxy chose (proxy).
-// 4. Sweep: remove expired entries (owner, periodically).
-// 5. Get, List, Delete, Stats, Len (proxy, admin, CLI).
+// 4. Sweep: remove expired entries (owner, periodically; expiry.go).
+// 5. Get, Len, Stats (proxy, admin, CLI); List and Delete are in list.go.
 
 import (
 	"errors"
@@ -82,10 +85,6 @@ type shard struct {
 
 	_ [64]byte // keep neighbouring shards' locks off one cache line
 }
-
-// udpStreamAge is how old a replied UDP flow must be to count as a stream
-// (the kernel's stream_ts, 2 s after the first packet).
-const udpStreamAge = int64(2e9)
 
 // NewTable builds a table. Zero fields of cfg take their documented defaults; it
 // fails only on values that are set but unusable.
@@ -214,43 +213,6 @@ func (t *Table) invalidResult(r Result, reason Reason) Result {
 	return r
 }
 
-// classifyRelated handles an ICMP error, as nf_conntrack_inet_error does: the
-// quoted packet travelled the other way, so an error arriving in the Original
-// direction quotes a Reply-direction packet of the flow and one in the Reply
-// direction quotes an Original-direction packet. The error must be addressed
-// to the quoted packet's source.
-func (t *Table) classifyRelated(r Result, outerDst *[16]byte) Result {
-	inner := r.Tuple
-	r.Tuple = Tuple{}
-	if inner.src != *outerDst {
-		return t.invalidResult(r, ReasonICMPUnrelated)
-	}
-	key := inner
-	if r.Dir == Original {
-		key = inner.Reverse()
-	}
-	now := t.clock.Now()
-	sh, h := t.locate(&key)
-	var pend pending
-
-	sh.mu.Lock()
-	e := sh.idx.get(&key, h)
-	if e != nil && now >= e.expires {
-		t.removeLocked(sh, e, RemoveExpired, now, &pend)
-		e = nil
-	}
-	sh.mu.Unlock()
-	t.fire(&pend)
-
-	if e == nil {
-		return t.invalidResult(r, ReasonICMPUnrelated)
-	}
-	t.related.Add(1)
-	r.Tuple = key
-	r.Verdict = Related
-	return r
-}
-
 // process runs the packet through e's state machine under sh's lock. It sets
 // SEEN_REPLY after an accepted Reply-direction packet, as nf_conntrack_in does
 // once the protocol accepted it.
@@ -269,31 +231,12 @@ func (t *Table) process(sh *shard, e *entry, dir Direction, s *segment, now int6
 	return out, reason
 }
 
-// udpPacket is nf_conntrack_udp_packet: a flow that has seen a reply and is
-// more than 2 s old is a stream, gets the stream timeout and becomes ASSURED;
-// anything else gets the short timeout.
-func (t *Table) udpPacket(sh *shard, e *entry, dir Direction, s *segment, now int64) {
-	timeout := t.udpTO
-	if e.status&StatusSeenReply != 0 && now > e.created+udpStreamAge {
-		timeout = t.streamTO
-		if e.status&StatusAssured == 0 {
-			t.setAssured(sh, e)
-		}
-	}
-	t.refresh(sh, e, dir, s, now, timeout)
-}
-
 // refresh accounts the packet and restarts the timeout (nf_ct_refresh_acct).
 func (t *Table) refresh(sh *shard, e *entry, dir Direction, s *segment, now, timeout int64) {
 	e.packets[dir]++
 	e.bytes[dir] += uint64(s.ipLen)
 	e.lastSeen = now
 	sh.setExpiry(e, now+timeout)
-}
-
-func (t *Table) setAssured(sh *shard, e *entry) {
-	e.status |= StatusAssured
-	sh.unlink(e)
 }
 
 // Confirm inserts the entry for r, a New result of Classify that the
@@ -403,49 +346,6 @@ func (t *Table) Confirm(r *Result) error {
 	return nil
 }
 
-// reserve takes a slot for a new entry if the table has room. The counter
-// never passes Max, not even for a moment.
-func (t *Table) reserve() bool {
-	for {
-		c := t.count.Load()
-		if c >= t.max {
-			return false
-		}
-		if t.count.CompareAndSwap(c, c+1) {
-			return true
-		}
-	}
-}
-
-// evictElsewhere early-drops one non-ASSURED entry from a shard other than
-// from, scanning the shards in order after it. It runs OnRemove itself.
-func (t *Table) evictElsewhere(from *shard, now int64) {
-	var pend pending
-	defer t.fire(&pend)
-	n := len(t.shards)
-	start := 0
-	for i := range t.shards {
-		if &t.shards[i] == from {
-			start = i
-			break
-		}
-	}
-	for k := 1; k < n; k++ {
-		sh := &t.shards[(start+k)%n]
-		sh.mu.Lock()
-		if t.expireLocked(sh, now, &pend) > 0 && t.count.Load() < t.max {
-			sh.mu.Unlock()
-			return
-		}
-		if v := sh.head; v != nil {
-			t.removeLocked(sh, v, RemoveEvicted, now, &pend)
-			sh.mu.Unlock()
-			return
-		}
-		sh.mu.Unlock()
-	}
-}
-
 func protoSlot(p Protocol) int {
 	if p == TCP {
 		return 0
@@ -476,47 +376,6 @@ func (t *Table) removeLocked(sh *shard, e *entry, why RemoveReason, now int64, p
 	if t.onRemove != nil {
 		pend.add(snapshot(e, now), why)
 	}
-}
-
-// expireLocked removes the entries of sh whose time has come and returns how
-// many. Entries whose heap key is stale (they were refreshed since) are moved
-// to their real expiry instead.
-func (t *Table) expireLocked(sh *shard, now int64, pend *pending) int {
-	n := 0
-	for len(sh.heap) > 0 {
-		top := &sh.heap[0]
-		if top.at > now {
-			break
-		}
-		if e := top.e; e.expires <= now {
-			t.removeLocked(sh, e, RemoveExpired, now, pend)
-			n++
-			continue
-		}
-		top.at = top.e.expires
-		sh.down(0)
-	}
-	return n
-}
-
-// Sweep removes every entry whose timeout has passed and returns how many it
-// removed, calling OnRemove for each. The table never sweeps by itself:
-// lookups drop the expired entries they meet, but only Sweep reclaims flows
-// that see no more packets, so the owner must call it periodically (every
-// second is plenty; the cost is proportional to the entries due, not to the
-// table's size). It locks one shard at a time.
-func (t *Table) Sweep() int {
-	now := t.clock.Now()
-	n := 0
-	for i := range t.shards {
-		var pend pending
-		sh := &t.shards[i]
-		sh.mu.Lock()
-		n += t.expireLocked(sh, now, &pend)
-		sh.mu.Unlock()
-		t.fire(&pend)
-	}
-	return n
 }
 
 // Bind records b on the live entry of the flow orig (an Original-direction
@@ -553,52 +412,6 @@ func (t *Table) Get(orig Tuple) (EntryInfo, bool) {
 		return EntryInfo{}, false
 	}
 	return snapshot(e, now), true
-}
-
-// List returns snapshots of the live entries that match f, in no particular
-// order. It locks one shard at a time, so it is not an atomic picture of the
-// whole table.
-func (t *Table) List(f Filter) []EntryInfo {
-	now := t.clock.Now()
-	out := make([]EntryInfo, 0, max(t.count.Load(), 0))
-	for i := range t.shards {
-		sh := &t.shards[i]
-		sh.mu.Lock()
-		for j := range sh.idx.slots {
-			if e := sh.idx.slots[j].e; e != nil && now < e.expires && f.match(e) {
-				out = append(out, snapshot(e, now))
-			}
-		}
-		sh.mu.Unlock()
-	}
-	return out
-}
-
-// Delete removes the entries that match f (expired ones included) and returns
-// how many it removed, calling OnRemove with RemoveDeleted for each. Proxy
-// uses it to forget UDP flows of a removed endpoint, so that their next
-// datagram is New; `conntrack flush` is Delete(Filter{}).
-func (t *Table) Delete(f Filter) int {
-	now := t.clock.Now()
-	n := 0
-	for i := range t.shards {
-		var pend pending
-		sh := &t.shards[i]
-		sh.mu.Lock()
-		var doomed []*entry // removal reshuffles the index: collect first
-		sh.idx.each(func(e *entry) {
-			if f.match(e) {
-				doomed = append(doomed, e)
-			}
-		})
-		for _, e := range doomed {
-			t.removeLocked(sh, e, RemoveDeleted, now, &pend)
-		}
-		n += len(doomed)
-		sh.mu.Unlock()
-		t.fire(&pend)
-	}
-	return n
 }
 
 // Len returns the number of entries, including expired ones not yet swept.
@@ -692,113 +505,4 @@ func (t *Table) fire(p *pending) {
 		t.onRemove(r.info, r.why)
 	}
 	p.list = p.list[:0]
-}
-
-// heapItem is an entry in a shard's expiry heap. Its key, at, is when the
-// entry was due at the last look, never later than its real expiry: a later
-// expiry is picked up lazily when the stale key comes due, so refreshing a
-// busy flow costs no heap work. The key sits next to the pointer so that
-// sifting does not touch the entries.
-type heapItem struct {
-	at int64
-	e  *entry
-}
-
-// setExpiry sets e's expiry, moving its heap key earlier if needed (a
-// shorter timeout).
-func (sh *shard) setExpiry(e *entry, at int64) {
-	e.expires = at
-	if i := int(e.heapIdx); i >= 0 && at < sh.heap[i].at {
-		sh.heap[i].at = at
-		sh.up(i)
-	}
-}
-
-// push adds e, keyed on its expiry.
-func (sh *shard) push(e *entry) {
-	e.heapIdx = int32(len(sh.heap))
-	sh.heap = append(sh.heap, heapItem{e.expires, e})
-	sh.up(int(e.heapIdx))
-}
-
-func (sh *shard) heapRemove(e *entry) {
-	i := int(e.heapIdx)
-	if i < 0 {
-		return
-	}
-	last := len(sh.heap) - 1
-	if i != last {
-		sh.swap(i, last)
-	}
-	sh.heap[last] = heapItem{}
-	sh.heap = sh.heap[:last]
-	e.heapIdx = -1
-	if i != last && !sh.down(i) {
-		sh.up(i)
-	}
-}
-
-func (sh *shard) swap(i, j int) {
-	h := sh.heap
-	h[i], h[j] = h[j], h[i]
-	h[i].e.heapIdx = int32(i)
-	h[j].e.heapIdx = int32(j)
-}
-
-func (sh *shard) up(i int) {
-	h := sh.heap
-	for i > 0 {
-		p := (i - 1) / 2
-		if h[p].at <= h[i].at {
-			return
-		}
-		sh.swap(i, p)
-		i = p
-	}
-}
-
-// down sifts i towards the leaves and reports whether it moved.
-func (sh *shard) down(i int) bool {
-	h := sh.heap
-	start := i
-	for {
-		l := 2*i + 1
-		if l >= len(h) {
-			break
-		}
-		c := l
-		if r := l + 1; r < len(h) && h[r].at < h[l].at {
-			c = r
-		}
-		if h[i].at <= h[c].at {
-			break
-		}
-		sh.swap(i, c)
-		i = c
-	}
-	return i != start
-}
-
-func (sh *shard) linkTail(e *entry) {
-	e.prev, e.next = sh.tail, nil
-	if sh.tail != nil {
-		sh.tail.next = e
-	} else {
-		sh.head = e
-	}
-	sh.tail = e
-}
-
-func (sh *shard) unlink(e *entry) {
-	if e.prev != nil {
-		e.prev.next = e.next
-	} else if sh.head == e {
-		sh.head = e.next
-	}
-	if e.next != nil {
-		e.next.prev = e.prev
-	} else if sh.tail == e {
-		sh.tail = e.prev
-	}
-	e.prev, e.next = nil, nil
 }

@@ -1,0 +1,353 @@
+package service
+
+// Building: a new Table from the current one and the services events marked,
+// and the timer that coalesces builds to one per MinSyncPeriod.
+//
+// 1. kick builds now, or arms the timer when the last build started less
+//    than MinSyncPeriod ago; timerFired runs the build it was armed for.
+// 2. buildLocked takes the marked services, sorted by name.
+// 3. computePorts computes their Ports, on several cores for a large build.
+// 4. applyService reuses each unchanged Port, records the changes
+//    (changes.go) and moves lookup keys and ClusterIP marks (claim, unclaim,
+//    mark, unmark); the DNS view follows (applyDNS, dns.go).
+// 5. buildLocked rebuilds the skipped list if it changed (flattenSkipped),
+//    publishes the table and records the sync's metrics.
+
+import (
+	"net/netip"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+)
+
+// kick builds a table now, or arms the timer that will, or does nothing, as
+// the sync state and MinSyncPeriod say.
+func (t *Tracker) kick() {
+	t.buildMu.Lock()
+	defer t.buildMu.Unlock()
+	t.mu.Lock()
+	if !t.synced || t.closed || (t.published && len(t.dirty) == 0) {
+		t.mu.Unlock()
+		return
+	}
+	now := t.clock.Now()
+	if t.published {
+		if wait := t.lastSync.Add(t.minSync).Sub(now); wait > 0 {
+			if t.timer == nil {
+				t.timerGen++
+				gen := t.timerGen
+				t.timer = t.clock.AfterFunc(wait, func() { t.timerFired(gen) })
+			}
+			t.mu.Unlock()
+			return
+		}
+	}
+	if t.timer != nil {
+		t.timer.Stop()
+		t.timer = nil
+		t.timerGen++
+	}
+	tbl, ch, ok := t.buildLocked(now)
+	t.mu.Unlock()
+	if ok && t.onSync != nil {
+		t.onSync(tbl, ch)
+	}
+}
+
+// timerFired runs the build a timer was armed for. A timer that a build
+// made needless (stopped too late) finds a newer generation and leaves the
+// current timer alone.
+func (t *Tracker) timerFired(gen uint64) {
+	t.mu.Lock()
+	if gen == t.timerGen {
+		t.timer = nil
+	}
+	t.mu.Unlock()
+	t.kick()
+}
+
+// buildLocked recomputes the dirty services and derives the next table from
+// the current one. ok is false when nothing changed (no table is
+// published). Called with buildMu and mu held.
+func (t *Tracker) buildLocked(start time.Time) (tbl *Table, ch Changes, ok bool) {
+	t.lastSync = start
+	names := t.dirty
+	t.dirty = nil
+	slices.SortFunc(names, func(a, b ServiceName) int {
+		if a.less(b) {
+			return -1
+		}
+		if b.less(a) {
+			return 1
+		}
+		return 0
+	})
+
+	b := newTableBuilder(t.current.Load(), len(names))
+	ch.Ports = make([]PortChange, 0, len(names))
+	skippedChanged := false
+	var triggers []time.Time
+	states := make([]*svcState, len(names))
+	for i, name := range names {
+		states[i] = t.services[name]
+	}
+	fresh := t.computePorts(states)
+	for i, name := range names {
+		st := states[i]
+		st.dirty = false
+		triggers = append(triggers, st.triggers...)
+		st.triggers = nil
+		if t.applyService(b, &ch, name, st, fresh[i]) {
+			skippedChanged = true
+		}
+		t.applyDNS(b, name, st, buildDNS(st.info, st.slices))
+		if st.info == nil && len(st.slices) == 0 {
+			delete(t.services, name)
+		}
+	}
+	if t.published && !b.touched && !skippedChanged {
+		return nil, Changes{}, false
+	}
+	if skippedChanged {
+		b.t.skipped = t.flattenSkipped()
+	}
+	b.finishSorted()
+	slices.SortFunc(ch.Ports, func(x, y PortChange) int {
+		return comparePorts(x.either(), y.either())
+	})
+
+	tbl = b.t
+	tbl.generation++
+	tbl.built = start
+	end := t.clock.Now()
+	t.current.Store(tbl)
+	t.published = true
+
+	for _, tr := range triggers {
+		d := max(end.Sub(tr), 0)
+		ch.NetworkProgrammingLatencies = append(ch.NetworkProgrammingLatencies, d)
+		t.programmingHist.observe(d)
+	}
+	dur := end.Sub(start)
+	t.syncHist.observe(dur)
+	t.stats.Syncs++
+	t.stats.LastSyncDuration = dur
+	t.stats.LastSyncTime = end
+	t.stats.NoLocalEndpoints.Internal = t.noLocal
+	t.stats.Services = tbl.nServices
+	t.stats.Ports = tbl.nPorts
+	t.stats.Skipped = len(tbl.skipped)
+	return tbl, ch, true
+}
+
+// parallelBuild is the number of changed services from which a build
+// computes Ports on several cores.
+const parallelBuild = 2048
+
+// computePorts computes the Ports of each service (buildPorts is pure). A
+// large build, such as the first one, fans out to GOMAXPROCS goroutines
+// (four at most), which end before it returns; handlers cannot change the
+// services meanwhile, as the caller holds mu.
+func (t *Tracker) computePorts(states []*svcState) [][]*Port {
+	fresh := make([][]*Port, len(states))
+	workers := min(runtime.GOMAXPROCS(0), 4)
+	if len(states) < parallelBuild || workers < 2 {
+		for i, st := range states {
+			fresh[i] = buildPorts(st.info, st.slices, t.node, &t.scratch)
+		}
+		return fresh
+	}
+	var wg sync.WaitGroup
+	per := (len(states) + workers - 1) / workers
+	for lo := 0; lo < len(states); lo += per {
+		hi := min(lo+per, len(states))
+		wg.Go(func() {
+			var sc scratch
+			for i := lo; i < hi; i++ {
+				fresh[i] = buildPorts(states[i].info, states[i].slices, t.node, &sc)
+			}
+		})
+	}
+	wg.Wait()
+	return fresh
+}
+
+// applyService recomputes one service's Ports, reusing each unchanged Port
+// of the current table, records the differences in ch, and writes them to
+// the table being built. It reports whether the service's skipped list
+// changed.
+func (t *Tracker) applyService(b *tableBuilder, ch *Changes, name ServiceName, st *svcState, fresh []*Port) bool {
+	var ips []netip.Addr
+	var skipped []Skipped
+	if st.info != nil {
+		ips = st.info.clusterIPs
+		skipped = st.info.skipped
+	}
+	old := st.ports
+
+	changed := false
+	for i, np := range fresh {
+		op := findPort(old, np)
+		if op != nil && op.equal(np) {
+			fresh[i] = op
+			continue
+		}
+		ch.Ports = append(ch.Ports, newPortChange(op, np))
+		changed = true
+	}
+	for _, op := range old {
+		if findPort(fresh, op) == nil {
+			ch.Ports = append(ch.Ports, newPortChange(op, nil))
+			changed = true
+		}
+	}
+
+	// Index: release what the old ports held, then claim for the new ones.
+	for _, op := range old {
+		if !slices.Contains(fresh, op) {
+			t.unclaim(b, op)
+			b.removed = append(b.removed, op)
+		}
+	}
+	for _, np := range fresh {
+		if !slices.Contains(old, np) {
+			t.claim(b, np)
+			b.added = append(b.added, np)
+		}
+	}
+	for _, ip := range st.ips {
+		if !slices.Contains(ips, ip) {
+			t.unmark(b, ip)
+		}
+	}
+	for _, ip := range ips {
+		if !slices.Contains(st.ips, ip) {
+			t.mark(b, ip)
+		}
+	}
+	if !slices.Equal(old, fresh) {
+		b.setService(name, fresh)
+	}
+	t.noLocal += countNoLocal(fresh) - countNoLocal(old)
+
+	switch {
+	case len(old) == 0 && len(fresh) > 0:
+		ch.Added = append(ch.Added, name)
+	case len(old) > 0 && len(fresh) == 0:
+		ch.Removed = append(ch.Removed, name)
+	case changed:
+		ch.Changed = append(ch.Changed, name)
+	}
+	st.ports, st.ips = fresh, ips
+
+	if slices.Equal(st.skipped, skipped) {
+		return false
+	}
+	st.skipped = skipped
+	if len(skipped) == 0 {
+		delete(t.skipped, name)
+	} else {
+		t.skipped[name] = skipped
+	}
+	return true
+}
+
+func countNoLocal(ps []*Port) int {
+	n := 0
+	for _, p := range ps {
+		if p.Verdict == NoLocalEndpoints {
+			n++
+		}
+	}
+	return n
+}
+
+func portKey(p *Port) lookupKey { return makeKey(p.ClusterIP, p.Port, p.Protocol) }
+
+// claim makes p answer its lookup key, unless a Port with a lower name holds
+// it already: then p waits in conflicts. The API server never allocates one
+// ClusterIP twice, but files can say anything; the lower name wins so the
+// outcome does not depend on event order.
+func (t *Tracker) claim(b *tableBuilder, p *Port) {
+	k := portKey(p)
+	cur := b.get(k)
+	switch {
+	case cur == nil:
+		b.setIndex(k, p)
+	case comparePorts(p, cur) < 0:
+		t.conflicts[k] = append(t.conflicts[k], cur)
+		b.setIndex(k, p)
+	default:
+		t.conflicts[k] = append(t.conflicts[k], p)
+	}
+}
+
+// unclaim releases p's lookup key, promoting the best waiting Port.
+func (t *Tracker) unclaim(b *tableBuilder, p *Port) {
+	k := portKey(p)
+	waiting := t.conflicts[k]
+	if b.get(k) != p {
+		if i := slices.Index(waiting, p); i >= 0 {
+			waiting = slices.Delete(waiting, i, i+1)
+		}
+	} else {
+		var best *Port
+		bi := -1
+		for i, q := range waiting {
+			if best == nil || comparePorts(q, best) < 0 {
+				best, bi = q, i
+			}
+		}
+		if best != nil {
+			waiting = slices.Delete(waiting, bi, bi+1)
+		}
+		b.setIndex(k, best)
+	}
+	if len(waiting) == 0 {
+		delete(t.conflicts, k)
+	} else {
+		t.conflicts[k] = waiting
+	}
+}
+
+func (t *Tracker) mark(b *tableBuilder, ip netip.Addr) {
+	k := makeKey(ip, 0, 0)
+	if b.get(k) != nil {
+		t.ipExtra[ip]++
+		return
+	}
+	b.setIndex(k, ipMarker)
+}
+
+func (t *Tracker) unmark(b *tableBuilder, ip netip.Addr) {
+	if n := t.ipExtra[ip]; n > 0 {
+		if n == 1 {
+			delete(t.ipExtra, ip)
+		} else {
+			t.ipExtra[ip] = n - 1
+		}
+		return
+	}
+	b.setIndex(makeKey(ip, 0, 0), nil)
+}
+
+func (t *Tracker) flattenSkipped() []Skipped {
+	var out []Skipped
+	for _, s := range t.skipped {
+		out = append(out, s...)
+	}
+	slices.SortStableFunc(out, func(a, b Skipped) int {
+		if a.Service != b.Service {
+			if a.Service.less(b.Service) {
+				return -1
+			}
+			return 1
+		}
+		if a.Port != b.Port {
+			return cmpString(a.Port, b.Port)
+		}
+		return int(a.PortNumber) - int(b.PortNumber)
+	})
+	return out
+}

@@ -126,6 +126,10 @@ func NewTable(cfg Config) (*Table, error) {
 	return t, nil
 }
 
+// HashSeed returns the seed of the tuple hash (Config.HashSeed), so that
+// an owner can check it drew one.
+func (t *Table) HashSeed() uint64 { return t.seed }
+
 // locate returns the shard of k and k's hash, which the shard's index reuses.
 func (t *Table) locate(k *Tuple) (*shard, uint64) {
 	h := k.hash(t.seed)

@@ -150,3 +150,31 @@ func TestSetTableKeepsAffinityOfSurvivors(t *testing.T) {
 		t.Fatalf("list of the endpoint that left still holds %v", got)
 	}
 }
+
+// The proxy's conntrack table gets a random hash seed unless one is given,
+// so that clients cannot precompute tuples that collide in its index (issue
+// 15, item 7: run and the embed example built their tables with seed 0).
+func TestConntrackSeedIsRandom(t *testing.T) {
+	a, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa, sb := a.Conntrack().HashSeed(), b.Conntrack().HashSeed()
+	if sa == 0 || sb == 0 || sa == sb {
+		t.Errorf("seeds %#x and %#x: want two different non-zero seeds", sa, sb)
+	}
+	c, err := New(Config{Conntrack: conntrack.Config{HashSeed: 42}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Conntrack().HashSeed(); got != 42 {
+		t.Errorf("a given seed became %d", got)
+	}
+	if _, err := New(Config{Conntrack: conntrack.Config{OnRemove: func(conntrack.EntryInfo, conntrack.RemoveReason) {}}}); err == nil {
+		t.Error("New accepted an OnRemove of its own: the proxy's teardown would never run")
+	}
+}

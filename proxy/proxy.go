@@ -86,6 +86,7 @@ type Proxy struct {
 
 	coarse *conntrack.CoarseClock // the conntrack clock Run ticks; nil if injected
 	flows  *flowSet
+	poller *replyPoller // UDP replies (udppoll_linux.go); nil where there is none
 
 	udpSessions atomic.Int64
 	stats       counters
@@ -158,6 +159,11 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	p.cfg, p.ct = cfg, ct
+	if rp, err := newReplyPoller(); err == nil {
+		p.poller = rp
+	} else {
+		p.logger.Debug("UDP flows relay their replies on a goroutine each", zap.Error(err))
+	}
 	empty := map[pickerKey]*balancer.Picker{}
 	p.pickers.Store(&empty)
 	return p, nil
@@ -282,14 +288,18 @@ func (p *Proxy) route(proto service.Protocol, flow conntrack.Tuple) (*service.Po
 	return port, i, byAffinity, v
 }
 
-// Run drives the conntrack clock (when the proxy owns it), expiry and the
-// reaper that ends flows whose entries left the table (flows.go), until ctx
-// is done.
+// Run drives the conntrack clock (when the proxy owns it), expiry, the
+// reaper that ends flows whose entries left the table (flows.go) and the
+// UDP reply poller (udp.go), until ctx is done. Run it once.
 func (p *Proxy) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	if p.coarse != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); tickClock(ctx, p.coarse) }()
+	}
+	if p.poller != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.poller.run(ctx) }()
 	}
 	p.reap(ctx, p.cfg.SweepInterval)
 	wg.Wait()

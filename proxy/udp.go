@@ -9,16 +9,22 @@ package proxy
 //     blocks).
 //  3. track the flow: its handle is bound on the conntrack entry; the
 //     entry's removal (30 s unreplied, 120 s stream, endpoint stopped
-//     serving, flush) closes both sockets through the reaper (flows.go).
+//     serving, flush) ends it through the reaper (flows.go), and so does
+//     the stack's closing.
 //  4. client -> endpoint: the stack hands every datagram of the flow to a
 //     sender that writes it to the endpoint socket without blocking
-//     (UDPRequest.Forward), on the goroutine that delivered it: no relay
-//     goroutine, no buffer held while the flow is idle.
-//  5. endpoint -> client, on the handler's goroutine: wait until the
-//     endpoint socket is readable, then read into a pooled buffer and write
-//     the datagram to the client from the service address; an idle flow
-//     holds no buffer. When the endpoint socket is not a kernel socket
-//     (a test's dialer), a plain relay goroutine per direction does both.
+//     (UDPRequest.Forward), on the goroutine that delivered it.
+//  5. endpoint -> client: the endpoint socket joins the reply poller
+//     (udppoll_linux.go), whose one goroutine reads each datagram into a
+//     pooled buffer when it arrives and writes it to the client from the
+//     service address. The handler's goroutine then returns: an idle flow
+//     holds no goroutine and no buffer. Without the poller (not Linux, Run
+//     not running) the handler's goroutine waits for the replies itself;
+//     with an endpoint socket that is not a kernel socket (a test's
+//     dialer), a plain relay goroutine per direction does both.
+//  6. finish, once, on whichever goroutine ends the flow: out of the
+//     poller, both sockets closed, the flow forgotten; unless the reaper
+//     ended it, its entry goes too, so a later datagram is admitted afresh.
 
 import (
 	"context"
@@ -38,15 +44,17 @@ import (
 // maxDatagram is the largest UDP payload relayed.
 const maxDatagram = 65535
 
-// HandleUDP relays one UDP flow (implements netstack.FlowHandler).
+// HandleUDP sets up one UDP flow (implements netstack.FlowHandler). With the
+// reply poller running it returns once the flow is set up; the flow lives
+// on until finish.
 func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
-	defer r.Conn.Close()
 	tuple := r.Tuple()
 	exact := conntrack.Filter{Protocol: conntrack.UDP, Src: tuple.SrcAddr(), SrcPort: tuple.SrcPort(), Dst: tuple.DstAddr(), DstPort: tuple.DstPort()}
 	port, i, _, _ := p.route(service.UDP, tuple) // 1
 	var local LocalHandler
 	if port == nil {
 		if local = p.localFor(p.table.Load(), r.Service()); local == nil {
+			_ = r.Conn.Close()
 			p.ct.Delete(exact)
 			return
 		}
@@ -54,11 +62,13 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 	if p.udpSessions.Add(1) > int64(p.cfg.MaxUDPSessions) {
 		p.udpSessions.Add(-1)
 		p.stats.count(conntrack.UDP, ResultTableFull)
+		_ = r.Conn.Close()
 		p.ct.Delete(exact)
 		return
 	}
-	defer p.udpSessions.Add(-1)
 	if port == nil {
+		defer p.udpSessions.Add(-1)
+		defer r.Conn.Close()
 		p.serveLocalUDP(r, local, exact)
 		return
 	}
@@ -66,114 +76,149 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 
 	backend, err := p.cfg.Dialer.DialContext(r.Context(), "udp", endpoint.String()) // 2
 	if err != nil {
+		p.udpSessions.Add(-1)
 		p.stats.count(conntrack.UDP, ResultDialFailed)
+		_ = r.Conn.Close()
 		p.ct.Delete(exact)
 		return
 	}
-	defer backend.Close()
 	p.stats.count(conntrack.UDP, ResultProxied)
 
-	var (
-		mu          sync.Mutex
-		closed      bool
-		stopForward func()
-	)
-	closeBoth := func() {
-		mu.Lock()
-		if closed {
-			mu.Unlock()
-			return
-		}
-		closed = true
-		stop := stopForward
-		mu.Unlock()
-		if stop != nil {
-			stop()
-		}
-		_ = r.Conn.Close()
-		_ = backend.Close()
+	u := &udpFlow{p: p, r: r, backend: backend, exact: exact}
+	u.flow = newFlow(tuple, false, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, func() { u.finish(true) })
+	if !p.track(u.flow) { // 3
+		u.finish(true) // the entry went meanwhile: a later datagram starts afresh
+		return
 	}
-	var ended atomic.Bool // by the reaper
-	f := newFlow(tuple, false, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, func() { ended.Store(true); closeBoth() })
-	defer p.untrack(f)
-	if !p.track(f) { // 3
-		return // the entry went meanwhile: a later datagram starts afresh
-	}
-	// The stack closing ends the flow too: nothing else would wake the
-	// reply relay, which waits on the endpoint socket.
-	stopWatch := context.AfterFunc(r.Context(), closeBoth)
-	defer stopWatch()
+	u.mu.Lock()
+	u.stopWatch = context.AfterFunc(r.Context(), func() { u.finish(false) })
+	u.mu.Unlock()
 	if ce := p.logger.Check(zap.DebugLevel, "UDP flow started"); ce != nil {
 		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
 			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
 	}
-	if s := newUDPSender(backend, &p.stats.bytes[0]); s != nil {
-		mu.Lock()
-		if !closed {
-			stopForward = r.Forward(s.send) // 4
-		}
-		mu.Unlock()
-		p.relayReplies(s.rc, r.Conn) // 5
-	} else {
+	s := newUDPSender(backend, &p.stats.bytes[0])
+	if s == nil {
 		done := make(chan struct{}, 2)
 		go p.pumpClientToEndpoint(r.Conn, backend, done)
 		go p.pumpEndpointToClient(backend, r.Conn, done)
 		<-done
-		closeBoth()
+		u.finish(false)
 		<-done
+		return
 	}
-	closeBoth()
-	if !ended.Load() {
-		// The relay ended on its own (the stack closed, a socket failed):
-		// forget the flow so that a later datagram is admitted afresh.
-		p.ct.Delete(exact)
+	u.rc = s.rc
+	u.mu.Lock()
+	if u.closed {
+		u.mu.Unlock()
+		return
+	}
+	u.stopForward = r.Forward(s.send) // 4
+	if p.poller != nil {
+		if remove, err := p.poller.add(u, s.rc); err == nil { // 5
+			u.unpoll = remove
+			u.mu.Unlock()
+			return
+		}
+	}
+	u.mu.Unlock()
+	for u.relayOnce(true) {
+	}
+	u.finish(false)
+}
+
+// udpFlow is a proxied UDP flow's state after set-up.
+type udpFlow struct {
+	p       *Proxy
+	r       *netstack.UDPRequest
+	backend net.Conn
+	rc      syscall.RawConn // of backend, when it is a kernel socket
+	exact   conntrack.Filter
+	flow    *flow
+
+	mu          sync.Mutex
+	closed      bool
+	stopForward func()
+	stopWatch   func() bool
+	unpoll      func()
+}
+
+// onReadable relays what the endpoint sent, on the poller's goroutine
+// (step 5); a failed socket ends the flow.
+func (u *udpFlow) onReadable() {
+	if !u.relayOnce(false) {
+		u.finish(false)
 	}
 }
 
-// relayReplies writes the endpoint's datagrams to the client until the
-// endpoint socket fails or is closed (step 5). A buffer is taken from the
-// pool only once a datagram is there to read. An ICMP error from the
+// relayOnce reads the datagrams waiting on the endpoint socket and writes
+// them to the client, taking a pooled buffer only once one is there. With
+// wait it first waits until the socket is readable (the goroutine mode);
+// without, it returns when the socket is empty. It reports false once the
+// socket or the client failed or was closed. An ICMP error from the
 // endpoint (ECONNREFUSED on the connected socket) does not end the flow.
-func (p *Proxy) relayReplies(rc syscall.RawConn, client net.Conn) {
-	var (
-		bp   *[]byte
-		n    int
-		rerr error
-	)
-	read := func(fd uintptr) bool {
-		if bp == nil {
-			bp = udpPool.Get().(*[]byte)
-		}
-		n, rerr = syscall.Read(int(fd), *bp)
-		if rerr == syscall.EAGAIN || rerr == syscall.EINTR {
-			udpPool.Put(bp)
-			bp = nil
-			return false // wait until readable
-		}
-		return true
-	}
-	for {
-		if err := rc.Read(read); err != nil {
-			break // closed
-		}
-		if rerr != nil {
-			udpPool.Put(bp)
-			bp = nil
-			if errors.Is(rerr, syscall.ECONNREFUSED) {
-				continue
+func (u *udpFlow) relayOnce(wait bool) bool {
+	ok := true
+	err := u.rc.Read(func(fd uintptr) bool {
+		var bp *[]byte
+		defer func() {
+			if bp != nil {
+				udpPool.Put(bp)
 			}
-			return
+		}()
+		for {
+			if bp == nil {
+				bp = udpPool.Get().(*[]byte)
+			}
+			n, err := syscall.Read(int(fd), *bp)
+			switch {
+			case err == syscall.EINTR, err == syscall.ECONNREFUSED:
+				continue
+			case err == syscall.EAGAIN:
+				return !wait // the goroutine mode waits for more
+			case err != nil:
+				ok = false
+				return true
+			}
+			if _, werr := u.r.Conn.Write((*bp)[:n]); werr != nil {
+				ok = false
+				return true
+			}
+			u.p.stats.bytes[1].Add(uint64(n))
+			if wait {
+				return true
+			}
 		}
-		_, werr := client.Write((*bp)[:n])
-		udpPool.Put(bp)
-		bp = nil
-		if werr != nil {
-			return
-		}
-		p.stats.bytes[1].Add(uint64(n))
+	})
+	return ok && err == nil
+}
+
+// finish ends the flow, once (step 6); byReaper says its entry is gone
+// already.
+func (u *udpFlow) finish(byReaper bool) {
+	u.mu.Lock()
+	if u.closed {
+		u.mu.Unlock()
+		return
 	}
-	if bp != nil {
-		udpPool.Put(bp)
+	u.closed = true
+	stopForward, stopWatch, unpoll := u.stopForward, u.stopWatch, u.unpoll
+	u.mu.Unlock()
+	if stopForward != nil {
+		stopForward()
+	}
+	if stopWatch != nil {
+		stopWatch()
+	}
+	if unpoll != nil {
+		unpoll()
+	}
+	_ = u.r.Conn.Close()
+	_ = u.backend.Close()
+	u.p.untrack(u.flow)
+	u.p.udpSessions.Add(-1)
+	if !byReaper {
+		u.p.ct.Delete(u.exact)
 	}
 }
 

@@ -15,19 +15,20 @@ import (
 )
 
 type options struct {
-	short     bool
-	reps      int
-	duration  time.Duration
-	userproxy string
-	profile   string // directory for CPU profiles of userproxy, one per cell
-	cells     string // only the datapath cells whose names contain one of these words
-	datapath  bool   // only the datapath table
-	noData    bool   // skip the datapath table
-	keep      time.Duration
-	proxyEnv  string // extra environment of userproxy (experiments: GOMAXPROCS, GOGC)
-	services  []int  // control plane sizes
-	hold      int    // idle connections and UDP flows for the memory table
-	out       io.Writer
+	short      bool
+	reps       int
+	duration   time.Duration
+	userproxy  string
+	profile    string // directory for CPU profiles of userproxy, one per cell
+	cells      string // only the datapath cells whose names contain one of these words
+	datapath   bool   // only the datapath table
+	noData     bool   // skip the datapath table
+	memoryOnly bool   // only the memory table
+	keep       time.Duration
+	proxyEnv   string // extra environment of userproxy (experiments: GOMAXPROCS, GOGC)
+	services   []int  // control plane sizes
+	hold       int    // idle connections and UDP flows for the memory table
+	out        io.Writer
 }
 
 func harnessMain(args []string) error {
@@ -43,6 +44,7 @@ func harnessMain(args []string) error {
 	fs.DurationVar(&o.keep, "keep", 0, "after setting up, keep the topology this long for inspection, then go on")
 	fs.BoolVar(&o.noData, "skip-datapath", false, "skip the datapath table (memory and control plane only)")
 	fs.BoolVar(&o.datapath, "datapath-only", false, "only the datapath table (no memory, no control plane)")
+	fs.BoolVar(&o.memoryOnly, "memory-only", false, "only the memory table (no datapath, no control plane)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -92,7 +94,7 @@ func harnessMain(args []string) error {
 			h.topo.b, h.topo.k, h.topo.u, h.proxy.cmd.Process.Pid, o.keep)
 		time.Sleep(o.keep)
 	}
-	if !o.noData {
+	if !o.noData && !o.memoryOnly {
 		if err := h.datapath(); err != nil {
 			return err
 		}
@@ -101,10 +103,18 @@ func harnessMain(args []string) error {
 		if err := h.memory(); err != nil {
 			return err
 		}
+		if o.memoryOnly {
+			return h.failed()
+		}
 		if err := h.controlPlane(); err != nil {
 			return err
 		}
 	}
+	return h.failed()
+}
+
+// failed returns an error naming the cells that failed, if any did.
+func (h *harness) failed() error {
 	if len(h.failures) > 0 {
 		return fmt.Errorf("%d cell(s) failed: %s", len(h.failures), strings.Join(h.failures, "; "))
 	}

@@ -7,15 +7,18 @@ import (
 	"time"
 )
 
-// memory holds o.hold idle proxied TCP connections, then as many UDP
-// flows, and reports userproxy's RSS growth per connection and per flow;
+// memory holds o.hold UDP flows, then as many idle proxied TCP
+// connections, and reports userproxy's RSS growth per flow and per
+// connection;
 // then the bytes one conntrack entry costs (measured in this process).
 func (h *harness) memory() error {
 	pid := h.proxy.cmd.Process.Pid
 	fmt.Fprintf(h.o.out, "## Memory\n\n| what | userproxy RSS before | with them | per item |\n|---|---|---|---|\n")
 	for _, m := range []struct{ what, mode, target string }{
-		{fmt.Sprintf("%d idle proxied TCP connections", h.o.hold), "hold", tcpService},
+		// UDP first: the Go heap keeps what the TCP connections freed, and
+		// the flows would fit in it unmeasured.
 		{fmt.Sprintf("%d UDP flows", h.o.hold), "holdudp", udpService},
+		{fmt.Sprintf("%d idle proxied TCP connections", h.o.hold), "hold", tcpService},
 	} {
 		before, err := memKB(pid, "VmRSS")
 		if err != nil {

@@ -70,11 +70,18 @@
 //     interpreted; anything else, including AH and ESP, is INVALID
 //     (ipv6_extension_header). IPv4 options are skipped by IHL, also not
 //     interpreted.
-//   - ICMP and ICMPv6 messages that are not errors (echo, neighbour and router
-//     discovery, ...) are INVALID (unsupported_icmp) instead of being tracked:
-//     no service IP answers pings, with kube-proxy either. ICMP errors must
-//     quote a packet of a tracked flow travelling the other way; the kernel
-//     matches either direction.
+//   - No ICMP flow is tracked, and no protocol but TCP and UDP. The packets
+//     the kernel would track (ICMP echo, timestamp, information and address
+//     mask requests, ICMPv6 echo and node information queries, any other
+//     protocol through the generic tracker) or leave untracked (ICMPv6
+//     neighbour discovery and multicast listener messages) are dropped with
+//     an Unsupported reason: no service IP answers pings, with kube-proxy
+//     either. They are not INVALID: Stats counts them in Unsupported by
+//     protocol, outside InvalidTotal, which keeps the meaning of kube-proxy's
+//     ct_state_invalid_dropped_packets_total. Messages the kernel finds
+//     INVALID without an ICMP flow (replies, unknown types) are INVALID here
+//     (icmp_no_flow). ICMP errors must quote a packet of a tracked flow
+//     travelling the other way; the kernel matches either direction.
 //   - A zero UDP checksum over IPv6 is INVALID (RFC 8200 section 8.1), and the
 //     UDP checksum covers the UDP length rather than the whole IP payload.
 //   - Early drop takes the oldest non-ASSURED entry of the new flow's shard,

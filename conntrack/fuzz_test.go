@@ -145,6 +145,16 @@ func runProgram(t testing.TB, prog []byte, liberal bool) Stats {
 	for i := range next {
 		next[i] = [2]uint32{uint32(i) << 28, 0x80000000 | uint32(i)<<24}
 	}
+	var invalid, unsupported uint64 // verdicts seen, to hold against Stats
+	count := func(r Result) {
+		switch {
+		case r.Verdict != Invalid:
+		case r.Reason.Unsupported():
+			unsupported++
+		default:
+			invalid++
+		}
+	}
 	take := func(n int) []byte {
 		if n > len(prog) {
 			n = len(prog)
@@ -255,6 +265,7 @@ func runProgram(t testing.TB, prog []byte, liberal bool) Stats {
 		}
 		r := tab.Classify(pkt, dir)
 		checkResult(t, r, dir)
+		count(r)
 		if r.Verdict == New && op&0x80 == 0 { // bit 7 set: the admission function says no
 			before := r
 			err := tab.Confirm(&r)
@@ -263,6 +274,7 @@ func runProgram(t testing.TB, prog []byte, liberal bool) Stats {
 			}
 			if err == nil {
 				checkResult(t, r, dir)
+				count(r)
 			} else if r != before {
 				t.Fatal("a refused Confirm changed the result")
 			}
@@ -274,6 +286,9 @@ func runProgram(t testing.TB, prog []byte, liberal bool) Stats {
 	s := tab.Stats()
 	if got := s.Expired + s.Evicted + s.Deleted + s.Killed; got != uint64(removed) || s.Inserted != uint64(s.Entries)+got {
 		t.Fatalf("removals %d, OnRemove %d, stats %+v", got, removed, s)
+	}
+	if s.InvalidTotal != invalid || s.UnsupportedTotal != unsupported {
+		t.Fatalf("INVALID verdicts %d, unsupported %d; Stats counted %d and %d", invalid, unsupported, s.InvalidTotal, s.UnsupportedTotal)
 	}
 	return s
 }

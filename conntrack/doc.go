@@ -7,9 +7,14 @@
 // proxy (binding flows to endpoints, deleting entries on endpoint removal) and
 // admin (listing).
 //
+// It also reassembles IP fragments (Reassembler), which the gate does before
+// classifying, as the kernel's nf_defrag_ipv4 and nf_defrag_ipv6 do before
+// conntrack.
+//
 // It is pure: bytes and tuples in, verdicts and entries out. It must import no
 // other userproxy package and no third-party module; it never logs, starts no
-// goroutine, opens no socket and reads time only through Config.Clock.
+// goroutine, opens no socket and reads time only through the Clock of its
+// Config (Config.Clock, ReassemblyConfig.Clock).
 //
 // # Using it from the gate
 //
@@ -62,9 +67,21 @@
 //   - The Established verdict covers every accepted packet of a tracked flow,
 //     including Original-direction packets before any reply, which the kernel
 //     would still report as ctstate NEW: for the gate, admission happens once.
-//   - Fragments are not reassembled: any IPv4 fragment and any IPv6 packet
-//     with a Fragment header is INVALID (ip_fragment). Clients' PMTU discovery
-//     keeps TCP unfragmented; fragmented UDP to a service is not supported.
+//   - Classify takes whole datagrams: fragments go through a Reassembler
+//     first, which models net/ipv4/ip_fragment.c, net/ipv4/inet_fragment.c
+//     and net/ipv6/netfilter/nf_conntrack_reasm.c (see defrag.go): the same
+//     queue keys, byte bound and timeouts, overlap and duplicate rules.
+//     Where it differs: the byte bound is hard (the kernel refuses only once
+//     it is already exceeded, so it may overshoot by one fragment); there
+//     are bounds on queues and on fragments per datagram, which the kernel
+//     has not; an IPv4 datagram that cannot fit 65535 bytes is discarded at
+//     the fragment that shows it rather than when complete; an IPv6 first
+//     fragment without its upper-layer header, or a misaligned middle
+//     fragment, is dropped where the kernel passes it on unreassembled (for
+//     the IPv6 stack to drop); no ICMP time exceeded is sent for a timed out
+//     queue (nor does the kernel's conntrack defrag for forwarded traffic);
+//     ipfrag_max_dist is not modelled. A fragment that still reaches
+//     Classify is INVALID (ip_fragment).
 //   - IPv6 extension headers: Hop-by-Hop (first only), Destination Options and
 //     Routing headers with no segments left are skipped, their options not
 //     interpreted; anything else, including AH and ESP, is INVALID

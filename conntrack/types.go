@@ -130,7 +130,12 @@ const (
 	// tcp_valid_flags (PSH, ECE and CWR ignored).
 	ReasonBadTCPFlags
 	// ReasonIPFragment: an IPv4 fragment (MF set or non-zero offset) or any
-	// IPv6 packet with a Fragment header. Fragments are not reassembled.
+	// IPv6 packet with a Fragment header. Classify does not reassemble: the
+	// gate hands fragments to a Reassembler first and classifies the
+	// datagram, so this counts the fragments that reach Classify anyway (a
+	// Reassembler declines those whose headers it finds malformed, and a
+	// datagram reassembled from IPv6 fragments may hold another Fragment
+	// header).
 	ReasonIPFragment
 	// ReasonIPv6ExtensionHeader: an IPv6 extension header that is not
 	// skipped (AH, ESP, Mobility, HIP, Shim6, experimental), a Hop-by-Hop

@@ -171,6 +171,12 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("conntrack: %w", err)
 	}
+	// Fragments are reassembled before conntrack sees them, within the
+	// kernel's bounds (4 MiB per family, 30 s for IPv4, 60 s for IPv6).
+	defrag, err := conntrack.NewReassembler(conntrack.ReassemblyConfig{Clock: clock})
+	if err != nil {
+		return fmt.Errorf("conntrack: %w", err)
+	}
 	px, err = proxy.New(proxy.Config{Conntrack: ct, DialTimeout: f.dialTimeout, AffinityListSize: f.affinityListSize,
 		MaxUDPSessions: f.maxUDPSessions, Clock: coarseTime{clock: clock, origin: time.Now()}, Logger: logger.Named("proxy")})
 	if err != nil {
@@ -215,7 +221,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if responder != nil {
 		defer configureHostDNS(hostDNS{tun: tun.name, ip: f.dns.addr, domain: f.dns.domain, enabled: f.dns.hostConfig}, logger.Named("dns"))()
 	}
-	st, err := netstack.New(netstack.Options{Link: tun.link, Conntrack: ct, Admit: px.Admit, Logger: logger.Named("netstack"),
+	st, err := netstack.New(netstack.Options{Link: tun.link, Conntrack: ct, Reassembler: defrag, Admit: px.Admit, Logger: logger.Named("netstack"),
 		MaxInFlight: f.maxInFlight, MaxInFlightPerClient: f.maxInFlightClient, HandshakeTimeout: f.handshakeTimeout})
 	if err != nil {
 		return err
@@ -228,14 +234,15 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	srcErr := make(chan error, 1)
-	wg.Add(3)
+	wg.Add(4)
 	go func() { defer wg.Done(); srcErr <- src.Run(ctx) }()
 	go func() { defer wg.Done(); px.Run(ctx, time.Second) }()
 	go func() { defer wg.Done(); tickClock(ctx, clock) }()
+	go func() { defer wg.Done(); sweepFragments(ctx, defrag) }()
 
 	// 6. The admin server.
 	if f.adminAddr != "" {
-		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling}, logger.Named("admin"))
+		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling}, logger.Named("admin"))
 		if err != nil {
 			return err
 		}
@@ -290,6 +297,21 @@ func tickClock(ctx context.Context, c *conntrack.CoarseClock) { // conntrack clo
 			return
 		case <-t.C:
 			c.Tick()
+		}
+	}
+}
+
+// sweepFragments frees the fragment queues that timed out, every second,
+// until ctx is done; between sweeps the next fragment frees them too.
+func sweepFragments(ctx context.Context, r *conntrack.Reassembler) { // fragment queue sweeper
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.Sweep()
 		}
 	}
 }

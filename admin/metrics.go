@@ -53,6 +53,11 @@ type Sources struct {
 	// Conntrack feeds ct_state_invalid_dropped_packets_total and the
 	// conntrack_* metrics (*conntrack.Table).
 	Conntrack interface{ Stats() conntrack.Stats }
+	// Reassembler feeds the defrag_* metrics: the IP fragments the gate
+	// reassembles (*conntrack.Reassembler).
+	Reassembler interface {
+		Stats() conntrack.ReassemblyStats
+	}
 	// Proxy feeds flows_total, dial_duration_seconds, spliced_bytes_total,
 	// affinity_hits_total, flows_active, udp_sessions (*proxy.Proxy).
 	Proxy interface{ Stats() proxy.Stats }
@@ -85,6 +90,9 @@ func NewCollector(src Sources) prometheus.Collector {
 	}
 	if src.Conntrack != nil {
 		c.groups = append(c.groups, conntrackGroup(src.Conntrack.Stats))
+	}
+	if src.Reassembler != nil {
+		c.groups = append(c.groups, defragGroup(src.Reassembler.Stats))
 	}
 	if src.Proxy != nil {
 		c.groups = append(c.groups, proxyGroup(src.Proxy.Stats))
@@ -242,7 +250,17 @@ func conntrackGroup(snap func() conntrack.Stats) metricGroup {
 		labeled("conntrack_invalid_packets_total", "Packets dropped as conntrack INVALID, by reason.",
 			prometheus.CounterValue, []string{"reason"}, func(s *conntrack.Stats, emit func(float64, ...string)) {
 				for r := conntrack.ReasonNone + 1; r < conntrack.NumReasons; r++ {
-					emit(float64(s.Invalid[r]), r.String())
+					if !r.Unsupported() {
+						emit(float64(s.Invalid[r]), r.String())
+					}
+				}
+			}),
+		labeled("conntrack_unsupported_packets_total", "Packets dropped because conntrack tracks no flow of their kind (ICMP requests, ICMPv6 neighbour discovery, protocols other than TCP and UDP), by protocol; not INVALID.",
+			prometheus.CounterValue, []string{"protocol"}, func(s *conntrack.Stats, emit func(float64, ...string)) {
+				for p, n := range s.Unsupported {
+					if proto := conntrack.Protocol(p); n != 0 || proto == conntrack.ICMP || proto == conntrack.ICMPv6 {
+						emit(float64(n), proto.String())
+					}
 				}
 			}),
 		labeled("conntrack_entries", "Entries in the conntrack table.",
@@ -254,6 +272,26 @@ func conntrackGroup(snap func() conntrack.Stats) metricGroup {
 			func(s *conntrack.Stats) float64 { return float64(s.Max) }),
 		counter("conntrack_evictions_total", "Entries that were not ASSURED dropped early to make room for a new flow.",
 			func(s *conntrack.Stats) uint64 { return s.Evicted }),
+	}}
+}
+
+// defragGroup: the reassembly of IP fragments ahead of conntrack.
+func defragGroup(snap func() conntrack.ReassemblyStats) metricGroup {
+	return &group[conntrack.ReassemblyStats]{snapshot: snap, defs: []def[conntrack.ReassemblyStats]{
+		counter("defrag_fragments_total", "IP fragments read from the TUN and taken for reassembly.",
+			func(s *conntrack.ReassemblyStats) uint64 { return s.Fragments }),
+		counter("defrag_reassembled_total", "Datagrams reassembled from fragments.",
+			func(s *conntrack.ReassemblyStats) uint64 { return s.Reassembled }),
+		labeled("defrag_dropped_fragments_total", "IP fragments dropped before reassembly completed, by reason.",
+			prometheus.CounterValue, []string{"reason"}, func(s *conntrack.ReassemblyStats, emit func(float64, ...string)) {
+				for d := conntrack.FragmentDropNone + 1; d < conntrack.NumFragmentDrops; d++ {
+					emit(float64(s.Dropped[d]), d.String())
+				}
+			}),
+		gauge("defrag_queues", "Datagrams waiting for their missing fragments.",
+			func(s *conntrack.ReassemblyStats) float64 { return float64(s.Queues) }),
+		gauge("defrag_bytes", "Memory charged to the fragments held, both IP families (each is bounded to 4 MiB).",
+			func(s *conntrack.ReassemblyStats) float64 { return float64(s.Bytes) }),
 	}}
 }
 

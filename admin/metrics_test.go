@@ -26,10 +26,11 @@ var _ = admin.GateStats(netstack.Stats{})
 
 // Fakes: each returns a fixed snapshot.
 type (
-	fakeConntrack struct{ s conntrack.Stats }
-	fakeProxy     struct{ s proxy.Stats }
-	fakeTracker   struct{ s service.Stats }
-	fakeDNS       struct {
+	fakeConntrack   struct{ s conntrack.Stats }
+	fakeReassembler struct{ s conntrack.ReassemblyStats }
+	fakeProxy       struct{ s proxy.Stats }
+	fakeTracker     struct{ s service.Stats }
+	fakeDNS         struct {
 		s  clusterdns.Stats
 		st clusterdns.Status
 	}
@@ -53,9 +54,10 @@ var dnsFake = fakeDNS{
 	}},
 }
 
-func (f fakeConntrack) Stats() conntrack.Stats { return f.s }
-func (f fakeProxy) Stats() proxy.Stats         { return f.s }
-func (f fakeTracker) Stats() service.Stats     { return f.s }
+func (f fakeConntrack) Stats() conntrack.Stats             { return f.s }
+func (f fakeReassembler) Stats() conntrack.ReassemblyStats { return f.s }
+func (f fakeProxy) Stats() proxy.Stats                     { return f.s }
+func (f fakeTracker) Stats() service.Stats                 { return f.s }
 
 func fakeSources() admin.Sources {
 	var ct conntrack.Stats
@@ -64,6 +66,12 @@ func fakeSources() admin.Sources {
 	ct.InvalidTotal = 3
 	ct.Entries, ct.EntriesTCP, ct.EntriesUDP, ct.Max = 7, 5, 2, 131072
 	ct.Evicted = 4
+	ct.Unsupported[conntrack.ICMP], ct.Unsupported[47], ct.UnsupportedTotal = 6, 1, 7
+
+	var rs conntrack.ReassemblyStats
+	rs.Fragments, rs.Reassembled, rs.Delivered = 20, 4, 12
+	rs.Dropped[conntrack.FragmentDropTimeout], rs.Dropped[conntrack.FragmentDropOverlap] = 3, 2
+	rs.Queues, rs.HeldFragments, rs.Bytes = 2, 3, 5000
 
 	var px proxy.Stats
 	px.Flows[0][proxy.ResultProxied] = 10
@@ -97,9 +105,10 @@ func fakeSources() admin.Sources {
 		Services:         3, Ports: 4, Skipped: 1,
 	}
 	return admin.Sources{
-		Conntrack: fakeConntrack{ct},
-		Proxy:     fakeProxy{px},
-		Tracker:   fakeTracker{tr},
+		Conntrack:   fakeConntrack{ct},
+		Reassembler: fakeReassembler{rs},
+		Proxy:       fakeProxy{px},
+		Tracker:     fakeTracker{tr},
 		Gate: func() admin.GateStats {
 			return admin.GateStats{PacketsIn: 100, PacketsOut: 90, InvalidIn: 3, Rejected: 2, RejectRateLimited: 1,
 				Dropped: 1, TableFull: 5, Accepted: 11, TCPInFlight: 2, InFlightLimited: 7}
@@ -132,6 +141,18 @@ func TestMetricsExposition(t *testing.T) {
 		`userproxy_conntrack_invalid_packets_total{reason="no_entry_not_syn"} 2`,
 		`userproxy_conntrack_invalid_packets_total{reason="bad_checksum"} 1`,
 		`userproxy_conntrack_invalid_packets_total{reason="out_of_window"} 0`,
+		`userproxy_conntrack_invalid_packets_total{reason="icmp_no_flow"} 0`,
+		`userproxy_conntrack_unsupported_packets_total{protocol="icmp"} 6`,
+		`userproxy_conntrack_unsupported_packets_total{protocol="icmpv6"} 0`,
+		`userproxy_conntrack_unsupported_packets_total{protocol="47"} 1`,
+		"userproxy_defrag_fragments_total 20",
+		"userproxy_defrag_reassembled_total 4",
+		`userproxy_defrag_dropped_fragments_total{reason="timeout"} 3`,
+		`userproxy_defrag_dropped_fragments_total{reason="overlap"} 2`,
+		`userproxy_defrag_dropped_fragments_total{reason="memory"} 0`,
+		`userproxy_defrag_dropped_fragments_total{reason="too_big"} 0`,
+		"userproxy_defrag_queues 2",
+		"userproxy_defrag_bytes 5000",
 		`userproxy_conntrack_entries{protocol="tcp"} 5`,
 		`userproxy_conntrack_entries{protocol="udp"} 2`,
 		"userproxy_conntrack_max 131072",

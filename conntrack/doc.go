@@ -7,9 +7,14 @@
 // proxy (binding flows to endpoints, deleting entries on endpoint removal) and
 // admin (listing).
 //
+// It also reassembles IP fragments (Reassembler), which the gate does before
+// classifying, as the kernel's nf_defrag_ipv4 and nf_defrag_ipv6 do before
+// conntrack.
+//
 // It is pure: bytes and tuples in, verdicts and entries out. It must import no
 // other userproxy package and no third-party module; it never logs, starts no
-// goroutine, opens no socket and reads time only through Config.Clock.
+// goroutine, opens no socket and reads time only through the Clock of its
+// Config (Config.Clock, ReassemblyConfig.Clock).
 //
 // # Using it from the gate
 //
@@ -62,19 +67,38 @@
 //   - The Established verdict covers every accepted packet of a tracked flow,
 //     including Original-direction packets before any reply, which the kernel
 //     would still report as ctstate NEW: for the gate, admission happens once.
-//   - Fragments are not reassembled: any IPv4 fragment and any IPv6 packet
-//     with a Fragment header is INVALID (ip_fragment). Clients' PMTU discovery
-//     keeps TCP unfragmented; fragmented UDP to a service is not supported.
+//   - Classify takes whole datagrams: fragments go through a Reassembler
+//     first, which models net/ipv4/ip_fragment.c, net/ipv4/inet_fragment.c
+//     and net/ipv6/netfilter/nf_conntrack_reasm.c (see defrag.go): the same
+//     queue keys, byte bound and timeouts, overlap and duplicate rules.
+//     Where it differs: the byte bound is hard (the kernel refuses only once
+//     it is already exceeded, so it may overshoot by one fragment); there
+//     are bounds on queues and on fragments per datagram, which the kernel
+//     has not; an IPv4 datagram that cannot fit 65535 bytes is discarded at
+//     the fragment that shows it rather than when complete; an IPv6 first
+//     fragment without its upper-layer header, or a misaligned middle
+//     fragment, is dropped where the kernel passes it on unreassembled (for
+//     the IPv6 stack to drop); no ICMP time exceeded is sent for a timed out
+//     queue (nor does the kernel's conntrack defrag for forwarded traffic);
+//     ipfrag_max_dist is not modelled. A fragment that still reaches
+//     Classify is INVALID (ip_fragment).
 //   - IPv6 extension headers: Hop-by-Hop (first only), Destination Options and
 //     Routing headers with no segments left are skipped, their options not
 //     interpreted; anything else, including AH and ESP, is INVALID
 //     (ipv6_extension_header). IPv4 options are skipped by IHL, also not
 //     interpreted.
-//   - ICMP and ICMPv6 messages that are not errors (echo, neighbour and router
-//     discovery, ...) are INVALID (unsupported_icmp) instead of being tracked:
-//     no service IP answers pings, with kube-proxy either. ICMP errors must
-//     quote a packet of a tracked flow travelling the other way; the kernel
-//     matches either direction.
+//   - No ICMP flow is tracked, and no protocol but TCP and UDP. The packets
+//     the kernel would track (ICMP echo, timestamp, information and address
+//     mask requests, ICMPv6 echo and node information queries, any other
+//     protocol through the generic tracker) or leave untracked (ICMPv6
+//     neighbour discovery and multicast listener messages) are dropped with
+//     an Unsupported reason: no service IP answers pings, with kube-proxy
+//     either. They are not INVALID: Stats counts them in Unsupported by
+//     protocol, outside InvalidTotal, which keeps the meaning of kube-proxy's
+//     ct_state_invalid_dropped_packets_total. Messages the kernel finds
+//     INVALID without an ICMP flow (replies, unknown types) are INVALID here
+//     (icmp_no_flow). ICMP errors must quote a packet of a tracked flow
+//     travelling the other way; the kernel matches either direction.
 //   - A zero UDP checksum over IPv6 is INVALID (RFC 8200 section 8.1), and the
 //     UDP checksum covers the UDP length rather than the whole IP payload.
 //   - Early drop takes the oldest non-ASSURED entry of the new flow's shard,

@@ -1,6 +1,7 @@
 package conntrack
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -145,6 +146,16 @@ func runProgram(t testing.TB, prog []byte, liberal bool) Stats {
 	for i := range next {
 		next[i] = [2]uint32{uint32(i) << 28, 0x80000000 | uint32(i)<<24}
 	}
+	var invalid, unsupported uint64 // verdicts seen, to hold against Stats
+	count := func(r Result) {
+		switch {
+		case r.Verdict != Invalid:
+		case r.Reason.Unsupported():
+			unsupported++
+		default:
+			invalid++
+		}
+	}
 	take := func(n int) []byte {
 		if n > len(prog) {
 			n = len(prog)
@@ -255,6 +266,7 @@ func runProgram(t testing.TB, prog []byte, liberal bool) Stats {
 		}
 		r := tab.Classify(pkt, dir)
 		checkResult(t, r, dir)
+		count(r)
 		if r.Verdict == New && op&0x80 == 0 { // bit 7 set: the admission function says no
 			before := r
 			err := tab.Confirm(&r)
@@ -263,6 +275,7 @@ func runProgram(t testing.TB, prog []byte, liberal bool) Stats {
 			}
 			if err == nil {
 				checkResult(t, r, dir)
+				count(r)
 			} else if r != before {
 				t.Fatal("a refused Confirm changed the result")
 			}
@@ -274,6 +287,9 @@ func runProgram(t testing.TB, prog []byte, liberal bool) Stats {
 	s := tab.Stats()
 	if got := s.Expired + s.Evicted + s.Deleted + s.Killed; got != uint64(removed) || s.Inserted != uint64(s.Entries)+got {
 		t.Fatalf("removals %d, OnRemove %d, stats %+v", got, removed, s)
+	}
+	if s.InvalidTotal != invalid || s.UnsupportedTotal != unsupported {
+		t.Fatalf("INVALID verdicts %d, unsupported %d; Stats counted %d and %d", invalid, unsupported, s.InvalidTotal, s.UnsupportedTotal)
 	}
 	return s
 }
@@ -386,5 +402,168 @@ func TestWriteFuzzCorpus(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// fuzzRef is the payload every built fragment of FuzzReassemble carries a
+// slice of: byte i of any datagram's payload is fuzzRef[i].
+var fuzzRef = func() []byte {
+	b := make([]byte, 1<<17)
+	for i := range b {
+		b[i] = byte(i*7 + i>>8)
+	}
+	return b
+}()
+
+// FuzzReassemble runs a program of fragments through a small Reassembler:
+// fragments built from fuzzed families, IDs, offsets, lengths, MF and ECN
+// bits for two source addresses, raw packets (from a third address, so that
+// they cannot meet the built ones), clock steps and sweeps. After every step
+// the invariants hold (every fragment delivered, dropped or held exactly
+// once; the bounds), and every datagram that comes out of built fragments is
+// a well-formed IP packet carrying fuzzRef's bytes from 0.
+func FuzzReassemble(f *testing.F) {
+	frag := func(v6, more bool, id, ecn byte, off8 uint16, len8 byte, odd byte) []byte {
+		op := byte(1)
+		if v6 {
+			op |= 0x08
+		}
+		if more {
+			op |= 0x10
+		}
+		return []byte{op, id | ecn<<2, byte(off8 >> 8), byte(off8), len8, odd}
+	}
+	f.Add(cat(frag(false, true, 0, 0, 0, 100, 0), frag(false, false, 0, 0, 100, 50, 3)))
+	f.Add(cat(frag(true, false, 1, 0, 50, 20, 0), frag(true, true, 1, 0, 0, 50, 0)))
+	f.Add(cat(frag(false, true, 2, 2, 0, 20, 0), frag(false, true, 2, 3, 10, 20, 0), frag(false, false, 2, 2, 20, 1, 0)))
+	f.Add(cat(frag(true, true, 3, 0, 0, 20, 0), frag(true, true, 3, 0, 10, 20, 0), frag(true, false, 3, 0, 30, 2, 4)))
+	f.Add(cat(frag(false, true, 0, 0, 0, 10, 0), []byte{0x05, 40}, frag(false, false, 0, 0, 10, 10, 0), []byte{0x06}))
+	for _, p := range seedPackets() {
+		f.Add(append([]byte{0x00, byte(len(p))}, p...))
+	}
+	f.Fuzz(func(t *testing.T, prog []byte) {
+		clk := NewManualClock(int64(time.Hour))
+		r, err := NewReassembler(ReassemblyConfig{Clock: clk, MaxBytes: 20000, MaxQueues: 3, MaxFragments: 12})
+		if err != nil {
+			t.Fatal(err)
+		}
+		take := func(n int) []byte {
+			n = min(n, len(prog))
+			b := prog[:n]
+			prog = prog[n:]
+			return b
+		}
+		buf := make([]byte, 0, 1<<16+64)
+		for len(prog) > 0 {
+			op := take(1)[0]
+			var pkt []byte
+			built := false
+			switch op & 7 {
+			case 0, 7: // raw bytes, from an address no built fragment uses
+				n := take(1)
+				if len(n) == 0 {
+					return
+				}
+				pkt = append([]byte(nil), take(int(n[0])*int(op>>3+1))...)
+				switch {
+				case len(pkt) >= 20 && pkt[0]>>4 == 4:
+					pkt[12] = 0xee
+					if int(pkt[0]&0x0f)*4 <= len(pkt) && pkt[0]&0x0f >= 5 {
+						fix4(pkt)
+					}
+				case len(pkt) >= 40 && pkt[0]>>4 == 6:
+					pkt[8] = 0xee
+				}
+			case 1, 2, 3, 4: // a built fragment
+				a := take(5)
+				if len(a) < 5 {
+					return
+				}
+				v6, more := op&0x08 != 0, op&0x10 != 0
+				src := []netip.Addr{client4.Addr(), netip.MustParseAddr("10.0.0.2")}[op>>5&1]
+				dst := service4.Addr()
+				if v6 {
+					src = []netip.Addr{client6.Addr(), netip.MustParseAddr("fd00::2")}[op>>5&1]
+					dst = service6.Addr()
+				}
+				id, ecn := a[0]&3, a[0]>>2&3
+				off := int(binary.BigEndian.Uint16(a[1:3])&0x1fff) * 8
+				n := int(a[3])*8 + int(a[4]&7)
+				end := min(off+n, len(fuzzRef))
+				payload := fuzzRef[min(off, end):end]
+				if v6 {
+					pkt = frag6(src, dst, uint32(id), 17, off, more, ecn, nil, 0, payload)
+				} else {
+					pkt = frag4(src, dst, 17, uint16(id), off, more, ecn, payload)
+				}
+				built = v6 || off != 0 || more // IPv4 at offset 0 without MF is no fragment
+			case 5: // time passes
+				a := take(1)
+				if len(a) == 0 {
+					return
+				}
+				clk.Advance(time.Duration(a[0]) * time.Second)
+				continue
+			case 6:
+				r.Sweep()
+				if err := r.check(); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			before := r.Stats()
+			out, v, d := r.Add(pkt, buf)
+			if err := r.check(); err != nil {
+				t.Fatalf("after %v/%v: %v", v, d, err)
+			}
+			after := r.Stats()
+			switch {
+			case v > FragmentDropped || d >= NumFragmentDrops:
+				t.Fatalf("out of range: %v %v", v, d)
+			case (v == FragmentDropped) != (d != FragmentDropNone):
+				t.Fatalf("verdict %v with drop %v", v, d)
+			case (v == FragmentComplete) != (out != nil):
+				t.Fatalf("verdict %v with %d bytes out", v, len(out))
+			case v == NotFragment && after.Fragments != before.Fragments,
+				v != NotFragment && after.Fragments != before.Fragments+1:
+				t.Fatalf("%v counted %d fragments", v, after.Fragments-before.Fragments)
+			case v == NotFragment && built:
+				t.Fatalf("a built fragment came back NotFragment: %x", pkt)
+			}
+			if v == FragmentComplete {
+				checkDatagram(t, out, built)
+			}
+		}
+	})
+}
+
+// checkDatagram asserts that out, a datagram the Reassembler built, is a
+// whole IPv4 or IPv6 packet; when built is set, one of FuzzReassemble's, that
+// it is no fragment and that its payload is fuzzRef's first bytes. (An IPv6
+// datagram of raw fragments may hold another Fragment header: Classify
+// refuses it.)
+func checkDatagram(t *testing.T, out []byte, built bool) {
+	t.Helper()
+	if IsFragment(out) && (built || out[0]>>4 == 4) {
+		t.Fatalf("the datagram is still a fragment: %x", out[:min(len(out), 64)])
+	}
+	var payload []byte
+	switch {
+	case len(out) >= 20 && out[0]>>4 == 4:
+		ihl := int(out[0]&0x0f) * 4
+		if int(binary.BigEndian.Uint16(out[2:4])) != len(out) || refChecksum(out[:ihl]) != 0 {
+			t.Fatalf("bad IPv4 header: %x", out[:ihl])
+		}
+		payload = out[ihl:]
+	case len(out) >= 40 && out[0]>>4 == 6:
+		if int(binary.BigEndian.Uint16(out[4:6])) != len(out)-40 {
+			t.Fatalf("bad IPv6 payload length: %x", out[:40])
+		}
+		payload = out[40:]
+	default:
+		t.Fatalf("not an IP packet: %x", out[:min(len(out), 64)])
+	}
+	if built && !bytes.Equal(payload, fuzzRef[:len(payload)]) {
+		t.Fatalf("reassembled payload of %d bytes differs from the fragments'", len(payload))
 	}
 }

@@ -106,7 +106,8 @@ func parse(b []byte, verify bool, p *parsed) Reason {
 }
 
 // parseOut says where parseInto writes: Classify points it into its Result
-// so that nothing is copied on the packet path.
+// so that nothing is copied on the packet path. When parsing fails with an
+// Unsupported reason, t.proto holds the protocol that was not supported.
 type parseOut struct {
 	t        *Tuple
 	s        *segment
@@ -171,6 +172,7 @@ func parseIPv4(b []byte, verify bool, p *parseOut) Reason {
 	case nhICMP:
 		return parseICMPv4(l4, verify, p)
 	}
+	t.proto = Protocol(b[9])
 	return ReasonUnsupportedProtocol
 }
 
@@ -187,6 +189,9 @@ func parseIPv6(b []byte, verify bool, p *parseOut) Reason {
 	b = b[:total]
 	nh, off, r := skipIPv6Ext(b, b[6], 40, false)
 	if r != ReasonNone {
+		if r == ReasonUnsupportedProtocol {
+			p.t.proto = Protocol(nh)
+		}
 		return r
 	}
 	t := p.t
@@ -203,6 +208,7 @@ func parseIPv6(b []byte, verify bool, p *parseOut) Reason {
 	case nhICMPv6:
 		return parseICMPv6(l4, verify, p)
 	}
+	t.proto = Protocol(nh)
 	return ReasonUnsupportedProtocol
 }
 
@@ -376,7 +382,10 @@ func parseUDP(b []byte, verify bool, p *parseOut) Reason {
 }
 
 // parseICMPv4 follows nf_conntrack_icmpv4_error: header length, checksum, type
-// range, and only errors go on to the quoted packet.
+// range, and only errors go on to the quoted packet. Of the other types, the
+// requests that icmp_packet lets start a flow (its valid_new) are
+// unsupported; the rest could only join an existing ICMP flow, and we track
+// none.
 func parseICMPv4(b []byte, verify bool, p *parseOut) Reason {
 	if len(b) < 8 {
 		return ReasonTruncated
@@ -386,14 +395,20 @@ func parseICMPv4(b []byte, verify bool, p *parseOut) Reason {
 	}
 	switch b[0] {
 	case 3, 4, 5, 11, 12: // unreachable, source quench, redirect, time exceeded, parameter problem
-	default:
+		return parseQuoted(b[8:], p)
+	case 8, 13, 15, 17: // echo, timestamp, information and address mask requests
+		p.t.proto = ICMP
 		return ReasonUnsupportedICMP
 	}
-	return parseQuoted(b[8:], p)
+	return ReasonICMPNoFlow // replies, other types, and types above 18
 }
 
 // parseICMPv6 follows nf_conntrack_icmpv6_error: every type below 128 is an
-// error (RFC 4443 section 2.1).
+// error (RFC 4443 section 2.1). Neighbour discovery and multicast listener
+// messages are left untracked there (noct_valid_new), and echo and node
+// information queries may start a flow (valid_new in
+// nf_conntrack_icmpv6_packet): those are unsupported; any other type could
+// only join an existing ICMPv6 flow.
 func parseICMPv6(b []byte, verify bool, p *parseOut) Reason {
 	if len(b) < 8 {
 		return ReasonTruncated
@@ -402,10 +417,15 @@ func parseICMPv6(b []byte, verify bool, p *parseOut) Reason {
 	if verify && !checksumOK(b, pseudoSum(6, &t.src, &t.dst, len(b), nhICMPv6)) {
 		return ReasonBadChecksum
 	}
-	if b[0] >= 128 {
+	switch {
+	case b[0] < 128:
+		return parseQuoted(b[8:], p)
+	case b[0] == 128, b[0] == 139, // echo request, node information query
+		b[0] >= 130 && b[0] <= 136, b[0] == 143: // MLD, router/neighbour discovery, MLDv2 report
+		t.proto = ICMPv6
 		return ReasonUnsupportedICMP
 	}
-	return parseQuoted(b[8:], p)
+	return ReasonICMPNoFlow
 }
 
 // parseQuoted parses the packet quoted by an ICMP error as leniently as the

@@ -69,6 +69,7 @@ func TestClassifyVectors(t *testing.T) {
 		dir    Direction
 		want   Verdict
 		reason Reason
+		proto  Protocol // the protocol counted in Stats.Unsupported, for the Unsupported reasons
 		mod    func(*Config)
 	}
 	established := func(f *flow) { f.handshake() }
@@ -126,14 +127,23 @@ func TestClassifyVectors(t *testing.T) {
 			extHeader(nhDestOpts, 0), extHeader(nhDestOpts, 0), extHeader(nhTCP, 0))), want: Invalid, reason: ReasonIPv6ExtensionHeader},
 		{name: "IPv6 extension header past the payload", pkt: tcpWithExt(nhDestOpts, extHeader(nhTCP, 0))[:44], want: Invalid, reason: ReasonBadLength},
 		{name: "IPv6 extension header cut short", pkt: setField(tcpWithExt(nhDestOpts, extHeader(nhTCP, 3))[:44], 4, 4), want: Invalid, reason: ReasonTruncated},
-		{name: "IPv6 no next header", pkt: ipPacket(client6.Addr(), service6.Addr(), nhNone, nil, -1, ipOpts{}), want: Invalid, reason: ReasonUnsupportedProtocol},
+		{name: "IPv6 no next header", pkt: ipPacket(client6.Addr(), service6.Addr(), nhNone, nil, -1, ipOpts{}), want: Invalid, reason: ReasonUnsupportedProtocol, proto: nhNone},
 		// Protocols.
-		{name: "GRE", pkt: ipPacket(client4.Addr(), service4.Addr(), 47, make([]byte, 8), -1, ipOpts{}), want: Invalid, reason: ReasonUnsupportedProtocol},
-		{name: "SCTP v6", pkt: ipPacket(client6.Addr(), service6.Addr(), 132, make([]byte, 12), -1, ipOpts{}), want: Invalid, reason: ReasonUnsupportedProtocol},
-		{name: "ICMP echo request", pkt: icmpInfo(client4.Addr(), service4.Addr(), 8), want: Invalid, reason: ReasonUnsupportedICMP},
-		{name: "ICMPv6 echo request", pkt: icmpInfo(client6.Addr(), service6.Addr(), 128), want: Invalid, reason: ReasonUnsupportedICMP},
-		{name: "ICMPv6 router solicitation", pkt: icmpInfo(client6.Addr(), service6.Addr(), 133), want: Invalid, reason: ReasonUnsupportedICMP},
-		{name: "ICMP type 40", pkt: icmpInfo(client4.Addr(), service4.Addr(), 40), want: Invalid, reason: ReasonUnsupportedICMP},
+		{name: "GRE", pkt: ipPacket(client4.Addr(), service4.Addr(), 47, make([]byte, 8), -1, ipOpts{}), want: Invalid, reason: ReasonUnsupportedProtocol, proto: 47},
+		{name: "SCTP v6", pkt: ipPacket(client6.Addr(), service6.Addr(), 132, make([]byte, 12), -1, ipOpts{}), want: Invalid, reason: ReasonUnsupportedProtocol, proto: 132},
+		{name: "ICMP echo request", pkt: icmpInfo(client4.Addr(), service4.Addr(), 8), want: Invalid, reason: ReasonUnsupportedICMP, proto: ICMP},
+		{name: "ICMP timestamp request", pkt: icmpInfo(client4.Addr(), service4.Addr(), 13), want: Invalid, reason: ReasonUnsupportedICMP, proto: ICMP},
+		{name: "ICMP address mask request", pkt: icmpInfo(client4.Addr(), service4.Addr(), 17), want: Invalid, reason: ReasonUnsupportedICMP, proto: ICMP},
+		{name: "ICMPv6 echo request", pkt: icmpInfo(client6.Addr(), service6.Addr(), 128), want: Invalid, reason: ReasonUnsupportedICMP, proto: ICMPv6},
+		{name: "ICMPv6 node information query", pkt: icmpInfo(client6.Addr(), service6.Addr(), 139), want: Invalid, reason: ReasonUnsupportedICMP, proto: ICMPv6},
+		{name: "ICMPv6 router solicitation", pkt: icmpInfo(client6.Addr(), service6.Addr(), 133), want: Invalid, reason: ReasonUnsupportedICMP, proto: ICMPv6},
+		{name: "ICMPv6 neighbour solicitation", pkt: icmpInfo(client6.Addr(), service6.Addr(), 135), want: Invalid, reason: ReasonUnsupportedICMP, proto: ICMPv6},
+		{name: "ICMPv6 MLDv2 report", pkt: icmpInfo(client6.Addr(), service6.Addr(), 143), want: Invalid, reason: ReasonUnsupportedICMP, proto: ICMPv6},
+		{name: "ICMP echo reply", pkt: icmpInfo(client4.Addr(), service4.Addr(), 0), want: Invalid, reason: ReasonICMPNoFlow},
+		{name: "ICMP router advertisement", pkt: icmpInfo(client4.Addr(), service4.Addr(), 9), want: Invalid, reason: ReasonICMPNoFlow},
+		{name: "ICMP type 40", pkt: icmpInfo(client4.Addr(), service4.Addr(), 40), want: Invalid, reason: ReasonICMPNoFlow},
+		{name: "ICMPv6 echo reply", pkt: icmpInfo(client6.Addr(), service6.Addr(), 129), want: Invalid, reason: ReasonICMPNoFlow},
+		{name: "ICMPv6 redirect", pkt: icmpInfo(client6.Addr(), service6.Addr(), 137), want: Invalid, reason: ReasonICMPNoFlow},
 		{name: "bad ICMP checksum", pkt: corrupt(icmpInfo(client4.Addr(), service4.Addr(), 8), 30), want: Invalid, reason: ReasonBadChecksum},
 		{name: "short ICMP", pkt: fix4(setField(icmpInfo(client4.Addr(), service4.Addr(), 8)[:26], 2, 26)), want: Invalid, reason: ReasonTruncated},
 
@@ -199,7 +209,18 @@ func TestClassifyVectors(t *testing.T) {
 				t.Fatalf("got %v/%v, want %v/%v", r.Verdict, r.Reason, v.want, v.reason)
 			}
 			after := tab.Stats()
-			if v.want == Invalid {
+			if v.reason.Unsupported() {
+				// Not INVALID: counted apart, under the protocol.
+				if after.InvalidTotal != before.InvalidTotal || after.Invalid[v.reason] != 0 {
+					t.Errorf("an unsupported packet counted as INVALID: InvalidTotal %d -> %d", before.InvalidTotal, after.InvalidTotal)
+				}
+				if got := after.UnsupportedTotal - before.UnsupportedTotal; got != 1 {
+					t.Errorf("UnsupportedTotal grew by %d, want 1", got)
+				}
+				if got := after.Unsupported[v.proto] - before.Unsupported[v.proto]; got != 1 {
+					t.Errorf("Unsupported[%v] grew by %d, want 1", v.proto, got)
+				}
+			} else if v.want == Invalid {
 				if got := after.Invalid[v.reason] - before.Invalid[v.reason]; got != 1 {
 					t.Errorf("Stats.Invalid[%v] grew by %d, want 1", v.reason, got)
 				}

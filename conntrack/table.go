@@ -65,9 +65,10 @@ type Table struct {
 	count  atomic.Int64 // entries plus slots reserved by Confirm calls in progress; <= max
 	nextID atomic.Uint64
 
-	invalid   [NumReasons]atomic.Uint64
-	related   atomic.Uint64
-	tableFull atomic.Uint64
+	invalid     [NumReasons]atomic.Uint64
+	unsupported [256]atomic.Uint64 // by IP protocol number
+	related     atomic.Uint64
+	tableFull   atomic.Uint64
 
 	shards []shard
 }
@@ -155,7 +156,13 @@ func (t *Table) Classify(pkt []byte, dir Direction) (r Result) {
 	var outerDst [16]byte
 	out := parseOut{t: &r.Tuple, s: &r.seg, outerDst: &outerDst}
 	if reason := parseInto(pkt, t.verify && dir == Original, &out); reason != ReasonNone {
+		proto := r.Tuple.proto
 		r.Tuple = Tuple{}
+		if reason.Unsupported() {
+			t.unsupported[proto].Add(1)
+			r.Verdict, r.Reason = Invalid, reason
+			return r
+		}
 		return t.invalidResult(r, reason)
 	}
 	if out.kind == kindICMPError {
@@ -438,10 +445,17 @@ type Stats struct {
 	EntriesTCP int
 	EntriesUDP int
 	Max        int
-	// Invalid counts INVALID packets per Reason (Invalid[ReasonNone] stays
-	// zero); InvalidTotal is their sum, ct_state_invalid_dropped_packets.
+	// Invalid counts INVALID packets per Reason (Invalid[ReasonNone] and
+	// the Unsupported reasons stay zero); InvalidTotal is their sum,
+	// ct_state_invalid_dropped_packets.
 	Invalid      [NumReasons]uint64
 	InvalidTotal uint64
+	// Unsupported counts the packets classified Invalid for an Unsupported
+	// reason, in both directions, by IP protocol number (ICMP and ICMPv6
+	// for their messages that are not errors); UnsupportedTotal is their
+	// sum. They are not in InvalidTotal.
+	Unsupported      [256]uint64
+	UnsupportedTotal uint64
 	// Related counts ICMP errors classified Related.
 	Related uint64
 	// Inserted counts entries created by Confirm; Joined counts Confirm calls
@@ -466,6 +480,10 @@ func (t *Table) Stats() Stats {
 	for r := range t.invalid {
 		s.Invalid[r] = t.invalid[r].Load()
 		s.InvalidTotal += s.Invalid[r]
+	}
+	for p := range t.unsupported {
+		s.Unsupported[p] = t.unsupported[p].Load()
+		s.UnsupportedTotal += s.Unsupported[p]
 	}
 	s.Related = t.related.Load()
 	s.TableFull = t.tableFull.Load()

@@ -12,13 +12,25 @@ const (
 	UDP Protocol = 17
 )
 
-// String returns "tcp", "udp" or the decimal protocol number.
+// Protocols seen but not tracked: their messages that are not errors (echo,
+// neighbour discovery, ...) are counted in Stats.Unsupported.
+const (
+	ICMP   Protocol = 1
+	ICMPv6 Protocol = 58
+)
+
+// String returns "tcp", "udp", "icmp", "icmpv6" or the decimal protocol
+// number.
 func (p Protocol) String() string {
 	switch p {
 	case TCP:
 		return "tcp"
 	case UDP:
 		return "udp"
+	case ICMP:
+		return "icmp"
+	case ICMPv6:
+		return "icmpv6"
 	}
 	return strconv.Itoa(int(p))
 }
@@ -54,7 +66,10 @@ type Verdict uint8
 const (
 	// Invalid: drop the packet; Result.Reason says why. Nothing was changed
 	// in the table, except that expired or killed entries may have been
-	// removed.
+	// removed. Every reason but the two Unsupported ones is the kernel's
+	// ctstate INVALID, counted in Stats.Invalid; a packet of a protocol or
+	// ICMP message that no flow is tracked for (Reason.Unsupported) is
+	// dropped too but counted in Stats.Unsupported instead.
 	Invalid Verdict = iota
 	// New: the first packet of an acceptable flow (an Original-direction TCP
 	// SYN, or an Original-direction UDP datagram) for which no entry exists.
@@ -88,7 +103,9 @@ func (v Verdict) String() string {
 }
 
 // Reason says why a packet was classified Invalid. Every reason is counted
-// separately in Stats.Invalid. The String form is meant for a Prometheus label.
+// separately in Stats.Invalid, except the Unsupported ones, which Stats
+// counts by protocol in Unsupported. The String form is meant for a
+// Prometheus label.
 type Reason uint8
 
 // Invalid reasons. Keep reasonNames in step.
@@ -113,7 +130,12 @@ const (
 	// tcp_valid_flags (PSH, ECE and CWR ignored).
 	ReasonBadTCPFlags
 	// ReasonIPFragment: an IPv4 fragment (MF set or non-zero offset) or any
-	// IPv6 packet with a Fragment header. Fragments are not reassembled.
+	// IPv6 packet with a Fragment header. Classify does not reassemble: the
+	// gate hands fragments to a Reassembler first and classifies the
+	// datagram, so this counts the fragments that reach Classify anyway (a
+	// Reassembler declines those whose headers it finds malformed, and a
+	// datagram reassembled from IPv6 fragments may hold another Fragment
+	// header).
 	ReasonIPFragment
 	// ReasonIPv6ExtensionHeader: an IPv6 extension header that is not
 	// skipped (AH, ESP, Mobility, HIP, Shim6, experimental), a Hop-by-Hop
@@ -121,12 +143,25 @@ const (
 	// chain longer than maxExtHeaders.
 	ReasonIPv6ExtensionHeader
 	// ReasonUnsupportedProtocol: a transport protocol other than TCP, UDP,
-	// ICMP and ICMPv6 (including IPv6 No Next Header).
+	// ICMP and ICMPv6 (including IPv6 No Next Header). Not INVALID: counted
+	// in Stats.Unsupported under the protocol number.
 	ReasonUnsupportedProtocol
 	// ReasonUnsupportedICMP: an ICMP or ICMPv6 message that is not an error
-	// (echo, neighbour discovery, ...) or an ICMP type above 18. No flow is
-	// tracked for them; see the package documentation.
+	// and that the kernel would track or leave untracked rather than call
+	// INVALID: a request that starts an ICMP flow (echo, timestamp,
+	// information and address mask requests; ICMPv6 echo and node
+	// information queries: valid_new in nf_conntrack_proto_icmp.c and
+	// nf_conntrack_proto_icmpv6.c), or ICMPv6 neighbour discovery and
+	// multicast listener messages (noct_valid_new). We track no ICMP flow;
+	// see the package documentation. Not INVALID: counted in
+	// Stats.Unsupported under ICMP or ICMPv6.
 	ReasonUnsupportedICMP
+	// ReasonICMPNoFlow: an ICMP or ICMPv6 message that is not an error and
+	// that the kernel's conntrack finds INVALID too: an ICMP type above 18
+	// (icmp_error), or one that cannot start a flow (a reply, or a type
+	// outside valid_new) when no flow of its own exists, which here is
+	// always.
+	ReasonICMPNoFlow
 	// ReasonICMPBadInner: an ICMP error whose quoted packet cannot be parsed
 	// into a TCP or UDP tuple.
 	ReasonICMPBadInner
@@ -164,12 +199,24 @@ var reasonNames = [NumReasons]string{
 	ReasonIPv6ExtensionHeader: "ipv6_extension_header",
 	ReasonUnsupportedProtocol: "unsupported_protocol",
 	ReasonUnsupportedICMP:     "unsupported_icmp",
+	ReasonICMPNoFlow:          "icmp_no_flow",
 	ReasonICMPBadInner:        "icmp_bad_inner",
 	ReasonICMPUnrelated:       "icmp_unrelated",
 	ReasonNoEntryNotSYN:       "no_entry_not_syn",
 	ReasonNoEntryReply:        "no_entry_reply",
 	ReasonStateMachine:        "state_machine",
 	ReasonOutOfWindow:         "out_of_window",
+}
+
+// Unsupported reports whether r is one of the reasons that are not the
+// kernel's INVALID state: the packet belongs to a protocol, or is an ICMP
+// message, that conntrack tracks no flow for. In the kernel such packets get
+// a generic or ICMP entry and pass conntrack; kube-proxy's INVALID drop rule
+// and its counter never see them. They are dropped all the same (no service
+// answers them), but counted apart, so that InvalidTotal keeps kube-proxy's
+// meaning.
+func (r Reason) Unsupported() bool {
+	return r == ReasonUnsupportedProtocol || r == ReasonUnsupportedICMP
 }
 
 // String returns the reason's snake_case label.

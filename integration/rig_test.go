@@ -79,7 +79,7 @@ func newRigWith(t testing.TB, link *netstack.Link, seed uint64, lim rigLimits) *
 	runCtx, stopRun := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { defer close(ran); h.px.Run(runCtx) }()
-	h.st, err = netstack.New(netstack.Options{Link: link, Conntrack: h.ct, Admit: h.px.Admit, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
+	h.st, err = netstack.New(netstack.Options{Link: link, Conntrack: h.ct, Reassembler: h.px.Reassembler(), Admit: h.px.Admit, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
 		MaxInFlight: lim.inFlight, MaxInFlightPerClient: lim.inFlightPerClient})
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,8 @@
 // Package netstack owns the packet side of userproxy: the TUN device (or an
 // in-memory link in tests), gVisor's network stack, the conntrack gate that
-// sees every packet in both directions before gVisor does, the TCP and UDP
-// forwarders, the UDP bypass (bypass.go: a bound UDP flow's client datagrams
+// sees every packet in both directions before gVisor does (reassembling
+// inbound fragments first: defrag.go), the TCP and UDP forwarders, the UDP
+// bypass (bypass.go: a bound UDP flow's client datagrams
 // go from the gate straight to the handler), and DialContext for in-process
 // clients.
 //

@@ -12,9 +12,9 @@ import (
 )
 
 // FuzzGate feeds arbitrary bytes to the stack as packets from the link, in
-// both families, through the gate and (when the gate lets them) gVisor: no
-// input may panic, and a well-formed SYN injected afterwards must still be
-// answered.
+// both families, through the gate (its reassembler included) and (when the
+// gate lets them) gVisor: no input may panic, and a well-formed SYN injected
+// afterwards must still be answered.
 func FuzzGate(f *testing.F) {
 	syn := tcpPacket(client, service, header.TCPFlagSyn, 1000, 0)
 	ack := tcpPacket(client, service, header.TCPFlagAck, 1000, 2000)
@@ -23,6 +23,13 @@ func FuzzGate(f *testing.F) {
 	f.Add(syn[:30])
 	f.Add([]byte{0x60, 0, 0, 0, 0, 8, 17, 64})
 	f.Add([]byte{})
+	for _, frags := range [][][]byte{
+		fragmentDatagram(udpDatagram(client, service, make([]byte, 2000)), 1480),
+		fragmentDatagram(udpDatagram(netip.MustParseAddrPort("[fd00::7]:40000"), netip.MustParseAddrPort("[fd00:96::53]:53"), make([]byte, 2000)), 1232),
+	} {
+		f.Add(frags[0]) // a first fragment, which the next input may complete
+		f.Add(frags[len(frags)-1])
+	}
 
 	ct, err := conntrack.NewTable(conntrack.Config{Max: 4096})
 	if err != nil {

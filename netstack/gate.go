@@ -3,9 +3,13 @@ package netstack
 // The gate: every packet between the link and gVisor passes here.
 //
 //  1. A packet from the link (client -> service) is copied into a pooled
-//     buffer and classified by conntrack in the Original direction.
+//     buffer; a fragment goes to the reassembler first, and a completed
+//     datagram goes on in its place (defrag.go). The packet is classified by
+//     conntrack in the Original direction.
 //  2. INVALID: dropped and counted; gVisor never sees it (it would answer a
-//     stray ACK with a RST).
+//     stray ACK with a RST). Packets conntrack tracks no flow for (ICMP echo,
+//     other protocols) are dropped too, but counted by conntrack apart from
+//     INVALID.
 //  3. NEW: the admission function decides. Reject: an ICMP or ICMPv6 port
 //     unreachable quoting the packet goes back to the link (rate-limited) and
 //     the packet is dropped. Drop: dropped silently. Accept: the entry is
@@ -84,6 +88,7 @@ type gate struct {
 	counters *gateCounters
 	bypass   *udpBypass
 	resets   *resetting
+	defrag   *conntrack.Reassembler // set by the Stack before the NIC is created
 }
 
 var _ stack.LinkEndpoint = (*gate)(nil)
@@ -105,6 +110,13 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 		return
 	}
 	b := appendPacket((*bp)[:0], pkt)
+	if conntrack.IsFragment(b) {
+		var release func()
+		if pkt, b, release = g.reassemble(proto, pkt, b); pkt == nil {
+			return // held or dropped
+		}
+		defer release()
+	}
 	if g.resets.passIn(b, g.ct) {
 		g.counters.resetsAfterEntry.Add(1)
 		g.Endpoint.DeliverNetworkPacket(proto, pkt)
@@ -113,7 +125,9 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 	res := g.ct.Classify(b, conntrack.Original)
 	switch res.Verdict {
 	case conntrack.Invalid:
-		g.counters.invalidIn.Add(1)
+		if !res.Reason.Unsupported() { // those are counted by conntrack, by protocol
+			g.counters.invalidIn.Add(1)
+		}
 		return
 	case conntrack.New:
 		switch g.admit()(res.Tuple) {

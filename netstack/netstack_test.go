@@ -31,7 +31,7 @@ func (echoHandler) HandleTCP(r *TCPRequest) {
 
 func (echoHandler) HandleUDP(r *UDPRequest) { r.Conn.Close() }
 
-func newTestStack(t *testing.T, admit AdmitFunc) (*Stack, *MemoryLink, *conntrack.Table) {
+func newTestStack(t testing.TB, admit AdmitFunc) (*Stack, *MemoryLink, *conntrack.Table) {
 	t.Helper()
 	ct, err := conntrack.NewTable(conntrack.Config{})
 	if err != nil {

@@ -57,6 +57,11 @@ type Options struct {
 	// Conntrack is the table the gate classifies every packet with
 	// (required).
 	Conntrack *conntrack.Table
+	// Reassembler reassembles the fragments the gate reads before they are
+	// classified (defrag.go); nil means one with the kernel's defaults and
+	// the system clock. Its owner calls Sweep now and then to free the
+	// memory of timed out queues when no fragment arrives.
+	Reassembler *conntrack.Reassembler
 	// Admit decides new flows; nil rejects every flow until SetAdmit.
 	Admit AdmitFunc
 	// MaxInFlight bounds the TCP handshakes handed to the flow handler and
@@ -144,6 +149,14 @@ func New(opts Options) (*Stack, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
+	if opts.Reassembler == nil {
+		r, err := conntrack.NewReassembler(conntrack.ReassemblyConfig{})
+		if err != nil {
+			_ = opts.Link.close()
+			return nil, fmt.Errorf("netstack: %w", err)
+		}
+		opts.Reassembler = r
+	}
 	st := &Stack{
 		link:        opts.Link,
 		ct:          opts.Conntrack,
@@ -183,6 +196,9 @@ func (st *Stack) build(opts Options) error {
 	ours, theirs := st.pipe.a, st.pipe.b
 	st.gates[linkNIC] = newGate(opts.Link.ep, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)
 	st.gates[inProcNIC] = newGate(ours, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)
+	for _, g := range st.gates {
+		g.defrag = opts.Reassembler
+	}
 	nics := []struct {
 		id   tcpip.NICID
 		ep   stack.LinkEndpoint

@@ -124,8 +124,8 @@ func (p *Proxy) OnConntrackRemove(info conntrack.EntryInfo, _ conntrack.RemoveRe
 }
 
 // reap ends the queued flows until ctx is done (step 3); it also sweeps the
-// conntrack table every sweep interval, on the same goroutine, so that
-// expiry and teardown have one owner.
+// conntrack table and the fragment queues every sweep interval, on the same
+// goroutine, so that expiry and teardown have one owner.
 func (p *Proxy) reap(ctx context.Context, sweep time.Duration) { // flow reaper and conntrack sweeper
 	tick := time.NewTicker(sweep)
 	defer tick.Stop()
@@ -135,6 +135,7 @@ func (p *Proxy) reap(ctx context.Context, sweep time.Duration) { // flow reaper 
 			return
 		case <-tick.C:
 			p.ct.Sweep()
+			p.defrag.Sweep()
 		case <-p.flows.wake:
 		}
 		p.reapQueued()

@@ -87,6 +87,7 @@ type Proxy struct {
 	coarse *conntrack.CoarseClock // the conntrack clock Run ticks; nil if injected
 	flows  *flowSet
 	poller *replyPoller // UDP replies (udppoll_linux.go); nil where there is none
+	defrag *conntrack.Reassembler
 
 	udpSessions atomic.Int64
 	stats       counters
@@ -158,7 +159,14 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
-	p.cfg, p.ct = cfg, ct
+	// Fragments are reassembled before conntrack sees them, within the
+	// kernel's bounds (4 MiB per family, 30 s for IPv4, 60 s for IPv6), on
+	// the same clock; the reaper sweeps both.
+	defrag, err := conntrack.NewReassembler(conntrack.ReassemblyConfig{Clock: ctc.Clock})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	p.cfg, p.ct, p.defrag = cfg, ct, defrag
 	if rp, err := newReplyPoller(); err == nil {
 		p.poller = rp
 	} else {
@@ -172,6 +180,10 @@ func New(cfg Config) (*Proxy, error) {
 // Conntrack returns the proxy's conntrack table, for the stack's gate and
 // for listing.
 func (p *Proxy) Conntrack() *conntrack.Table { return p.ct }
+
+// Reassembler returns the fragment reassembler the stack's gate should use
+// (netstack.Options.Reassembler); Run sweeps it with the table.
+func (p *Proxy) Reassembler() *conntrack.Reassembler { return p.defrag }
 
 // Table returns the current service table, nil before the first SetTable.
 func (p *Proxy) Table() *service.Table { return p.table.Load() }

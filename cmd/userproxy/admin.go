@@ -22,6 +22,7 @@ import (
 // adminDeps are the parts the admin server reports on.
 type adminDeps struct {
 	ct        *conntrack.Table
+	defrag    *conntrack.Reassembler
 	px        *proxy.Proxy
 	st        *netstack.Stack
 	tracker   *service.Tracker
@@ -42,6 +43,9 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 		Proxy:     d.px,
 		Tracker:   d.tracker,
 		Gate:      func() admin.GateStats { return admin.GateStats(d.st.Stats()) },
+	}
+	if d.defrag != nil { // a nil *Reassembler in an interface would not be nil
+		sources.Reassembler = d.defrag
 	}
 	if fs, ok := d.src.(*file.Source); ok {
 		sources.ReloadErrors = func() uint64 { return fs.Stats().Errors }

@@ -170,7 +170,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	ct := px.Conntrack()
+	ct, defrag := px.Conntrack(), px.Reassembler()
 	responder, err := newResponder(f, px, logger)
 	if err != nil {
 		return err
@@ -210,7 +210,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if responder != nil {
 		defer configureHostDNS(hostDNS{tun: tun.name, ip: f.dns.addr, domain: f.dns.domain, enabled: f.dns.hostConfig}, logger.Named("dns"))()
 	}
-	st, err := netstack.New(netstack.Options{Link: tun.link, Conntrack: ct, Admit: px.Admit, Logger: logger.Named("netstack"),
+	st, err := netstack.New(netstack.Options{Link: tun.link, Conntrack: ct, Reassembler: defrag, Admit: px.Admit, Logger: logger.Named("netstack"),
 		MaxInFlight: f.maxInFlight, MaxInFlightPerClient: f.maxInFlightClient, HandshakeTimeout: f.handshakeTimeout})
 	if err != nil {
 		return err
@@ -230,7 +230,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 
 	// 6. The admin server.
 	if f.adminAddr != "" {
-		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling}, logger.Named("admin"))
+		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling}, logger.Named("admin"))
 		if err != nil {
 			return err
 		}

@@ -59,7 +59,7 @@ func embed() error {
 	ran := make(chan struct{})
 	go func() { defer close(ran); px.Run(runCtx) }()
 	defer func() { stop(); <-ran }()
-	st, err := netstack.New(netstack.Options{Link: &netstack.NewMemoryLink(0, 64).Link, Conntrack: px.Conntrack(), Admit: px.Admit, Logger: logger.Named("netstack")})
+	st, err := netstack.New(netstack.Options{Link: &netstack.NewMemoryLink(0, 64).Link, Conntrack: px.Conntrack(), Reassembler: px.Reassembler(), Admit: px.Admit, Logger: logger.Named("netstack")})
 	if err != nil {
 		return err
 	}

@@ -118,7 +118,7 @@ func TestHostileTraffic(t *testing.T) {
 		}},
 	}
 
-	st0, ct0 := h.st.Stats(), h.ct.Stats()
+	st0, ct0, df0 := h.st.Stats(), h.ct.Stats(), h.px.Reassembler().Stats()
 	tun0 := linkStats(t, nsc, "upx0")
 	retrans0 := tcpRetransSegs(t, nsc)
 
@@ -128,7 +128,7 @@ func TestHostileTraffic(t *testing.T) {
 	sent := make([]int, len(floods))
 	var want struct {
 		invalid              [conntrack.NumReasons]uint64
-		fragments, syns, udp uint64
+		fragments, syns, udp, untracked uint64
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -167,6 +167,8 @@ func TestHostileTraffic(t *testing.T) {
 					want.syns++
 				case noService:
 					want.udp++
+				case untracked:
+					want.untracked++
 				}
 			}
 			if !more {
@@ -230,11 +232,15 @@ func TestHostileTraffic(t *testing.T) {
 			rs = append(rs, row{"conntrack INVALID " + reason.String(), ct.Invalid[reason] - ct0.Invalid[reason], w, w})
 		}
 		handed := uint64(backendConns.Load()-goodConns) + h.px.Stats().Flows[0][proxy.ResultDialFailed]
+		df := h.px.Reassembler().Stats()
 		return append(rs,
-			// Fragments are being reworked (reassembly), and the reason
-			// they will be dropped under with them, so they are counted
-			// here only in the gate's total.
-			row{"gate INVALID in (the malformed, plus the fragments)", st.InvalidIn - st0.InvalidIn, malformed + want.fragments, math.MaxUint64},
+			// The good client's packets are never INVALID inbound, but a
+			// retransmission may be: at least the floods' count.
+			row{"gate INVALID in", st.InvalidIn - st0.InvalidIn, malformed, math.MaxUint64},
+			// Fragments go to the reassembler (held, then dropped as
+			// duplicates or at the timeout), never to conntrack.
+			row{"defrag fragments taken", df.Fragments - df0.Fragments, want.fragments, want.fragments},
+			row{"conntrack untracked protocols (not INVALID)", ct.UnsupportedTotal - ct0.UnsupportedTotal, want.untracked, want.untracked},
 			row{"gate accepted new flows", st.Accepted - st0.Accepted, want.syns + goodConns, want.syns + goodConns},
 			row{"gate rejected new flows", st.Rejected - st0.Rejected, want.udp, want.udp},
 			row{"netstack in-flight limited, plus SYNs handed to the proxy by the floods",
@@ -294,10 +300,10 @@ const (
 
 // malformedReasons are the INVALID reasons of malformed packets: none of
 // them is the good client's, so their counts are exactly the floods'.
-// ReasonIPFragment is left out, as TestHostileTraffic says.
+// Fragments go to the reassembler, untracked protocols to their own count.
 var malformedReasons = []conntrack.Reason{
 	conntrack.ReasonTruncated, conntrack.ReasonBadIPHeader, conntrack.ReasonBadLength, conntrack.ReasonBadChecksum,
-	conntrack.ReasonBadDataOffset, conntrack.ReasonBadTCPFlags, conntrack.ReasonUnsupportedProtocol,
+	conntrack.ReasonBadDataOffset, conntrack.ReasonBadTCPFlags,
 }
 
 // fate is what the datapath must do with a hostile packet, and so which
@@ -312,8 +318,12 @@ type fateKind uint8
 const (
 	// invalidPacket: dropped as INVALID for reason.
 	invalidPacket fateKind = iota
-	// ipFragment: an IPv4 fragment, dropped.
+	// ipFragment: an IPv4 fragment, taken by the reassembler (it never
+	// completes).
 	ipFragment
+	// untracked: a protocol conntrack does not track, dropped but not
+	// INVALID (counted in Stats.Unsupported).
+	untracked
 	// validSYN: a new flow for the service, accepted; then handed to the
 	// proxy or limited by netstack's in-flight bounds.
 	validSYN
@@ -332,7 +342,8 @@ func invalid(r conntrack.Reason) fate { return fate{kind: invalidPacket, reason:
 // the data offset before the checksum (nf_conntrack_proto_tcp.c), udp_error
 // at the UDP length (nf_conntrack_proto_udp.c), icmp_error at the checksum
 // once 8 bytes are there (nf_conntrack_proto_icmp.c). Other protocols the
-// kernel would track generically; conntrack drops them as unsupported.
+// kernel would track generically; conntrack drops them as untracked, outside
+// the INVALID counts.
 func randomPayload(r *rand.Rand, src, dst netip.Addr) ([]byte, fate) {
 	p := make([]byte, 20+r.IntN(200))
 	for j := range p {
@@ -351,7 +362,7 @@ func randomPayload(r *rand.Rand, src, dst netip.Addr) ([]byte, fate) {
 			proto = byte(r.Uint32())
 		}
 	}
-	f := invalid(conntrack.ReasonUnsupportedProtocol)
+	f := fate{kind: untracked}
 	switch proto {
 	case 6:
 		if doff := int(p[12]>>4) * 4; doff < 20 || doff > len(p) {

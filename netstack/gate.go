@@ -196,8 +196,10 @@ func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 			g.counters.resetsAfterEntry.Add(1)
 			continue
 		}
-		if g.ct.Classify(b, conntrack.Reply).Verdict == conntrack.Invalid {
-			g.counters.invalidOut.Add(1)
+		if res := g.ct.Classify(b, conntrack.Reply); res.Verdict == conntrack.Invalid {
+			if !res.Reason.Unsupported() { // counted by conntrack, by protocol
+				g.counters.invalidOut.Add(1)
+			}
 			drop = markDrop(drop, n, i)
 		}
 	}

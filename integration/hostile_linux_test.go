@@ -127,7 +127,7 @@ func TestHostileTraffic(t *testing.T) {
 	// packets sent must have been counted as.
 	sent := make([]int, len(floods))
 	var want struct {
-		invalid              [conntrack.NumReasons]uint64
+		invalid                         [conntrack.NumReasons]uint64
 		fragments, syns, udp, untracked uint64
 	}
 	var wg sync.WaitGroup

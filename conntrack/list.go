@@ -48,3 +48,26 @@ func (t *Table) Delete(f Filter) int {
 	}
 	return n
 }
+
+// DeleteFlow removes the entry of the flow orig (an Original-direction
+// tuple), if there is one, and reports whether there was, calling OnRemove
+// with RemoveDeleted. Unlike Delete with an exact Filter it looks at one
+// shard's index, not at every entry. With owner non-nil, it removes the
+// entry only while its Binding's Owner is owner, so that an owner forgets
+// its own flow and never a newer one on the same tuple.
+func (t *Table) DeleteFlow(orig Tuple, owner any) bool {
+	now := t.clock.Now()
+	sh, h := t.locate(&orig)
+	var pend pending
+	sh.mu.Lock()
+	e := sh.idx.get(&orig, h)
+	if e != nil && owner != nil && (e.bind == nil || e.bind.Owner != owner) {
+		e = nil
+	}
+	if e != nil {
+		t.removeLocked(sh, e, RemoveDeleted, now, &pend)
+	}
+	sh.mu.Unlock()
+	t.fire(&pend)
+	return e != nil
+}

@@ -666,3 +666,38 @@ func TestStrings(t *testing.T) {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
 }
+
+// DeleteFlow removes one flow's entry, and with an owner only the entry
+// bound to that owner.
+func TestDeleteFlow(t *testing.T) {
+	var removed []uint64
+	tab, err := NewTable(Config{Clock: NewManualClock(0), OnRemove: func(i EntryInfo, why RemoveReason) {
+		if why != RemoveDeleted {
+			t.Errorf("removal reason %v, want deleted", why)
+		}
+		removed = append(removed, i.ID)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flow := func(port uint16) Tuple {
+		return MakeTuple(UDP, netip.AddrPortFrom(client4.Addr(), port), service4)
+	}
+	for _, port := range []uint16{1000, 1001} {
+		r := tab.Classify(udpPacket(netip.AddrPortFrom(client4.Addr(), port), service4, 1, ipOpts{}), Original)
+		if err := tab.Confirm(&r); err != nil || r.Verdict != New {
+			t.Fatalf("confirm: %v %v", err, r.Verdict)
+		}
+	}
+	mine, other := new(int), new(int)
+	tab.Bind(flow(1001), &Binding{Endpoint: pod4, Owner: mine})
+	if tab.DeleteFlow(flow(1001), other) {
+		t.Error("DeleteFlow removed an entry bound to another owner")
+	}
+	if !tab.DeleteFlow(flow(1001), mine) || !tab.DeleteFlow(flow(1000), nil) {
+		t.Error("DeleteFlow did not remove the entries")
+	}
+	if tab.DeleteFlow(flow(1000), nil) || tab.Len() != 0 || len(removed) != 2 {
+		t.Errorf("after deleting both: len %d, %d removals", tab.Len(), len(removed))
+	}
+}

@@ -23,6 +23,7 @@ package netstack
 
 import (
 	"encoding/binary"
+	"errors"
 	"sync"
 	"sync/atomic"
 
@@ -117,7 +118,9 @@ func (r *UDPRequest) Forward(fn func(payload []byte)) (stop func()) {
 }
 
 // drain hands the datagrams queued on the flow's socket to fn, without
-// waiting for more.
+// waiting for more. gVisor reports a pending error (an ICMP error from the
+// client) before the queue; drain goes on past it, since gVisor notifies
+// readers only when the queue turns non-empty.
 func (r *UDPRequest) drain(fn func(payload []byte)) {
 	var bp *[]byte
 	defer func() {
@@ -125,15 +128,41 @@ func (r *UDPRequest) drain(fn func(payload []byte)) {
 			packetPool.Put(bp)
 		}
 	}()
-	for {
+	for errs := 0; errs < 4; {
 		if bp == nil {
 			bp = packetPool.Get().(*[]byte)
 		}
 		w := tcpip.SliceWriter(*bp)
 		res, err := r.ep.Read(&w, tcpip.ReadOptions{})
-		if err != nil {
-			return // empty (ErrWouldBlock) or closed
+		switch err.(type) {
+		case nil:
+			errs = 0
+			fn((*bp)[:res.Count])
+		case *tcpip.ErrWouldBlock, *tcpip.ErrClosedForReceive:
+			return
+		default:
+			errs++
 		}
-		fn((*bp)[:res.Count])
 	}
+}
+
+// ErrReplyDropped is returned by Reply when the flow's send buffer is full:
+// the datagram is dropped, as a full queue drops it, and the flow goes on.
+var ErrReplyDropped = errors.New("netstack: UDP reply dropped (send buffer full)")
+
+// Reply sends b to the client from the service address without ever
+// waiting: a full send buffer drops it (ErrReplyDropped). An error from the
+// client's side (an ICMP error it sent) is reported once and is not fatal
+// either; any other error means the flow's socket is closed. Not safe for
+// concurrent use; b is not kept.
+func (r *UDPRequest) Reply(b []byte) error {
+	r.reply.Reset(b)
+	_, err := r.ep.Write(&r.reply, tcpip.WriteOptions{})
+	switch err.(type) {
+	case nil:
+		return nil
+	case *tcpip.ErrWouldBlock, *tcpip.ErrNoBufferSpace, *tcpip.ErrConnectionRefused, *tcpip.ErrNetworkUnreachable, *tcpip.ErrHostUnreachable:
+		return ErrReplyDropped
+	}
+	return errors.New("netstack: UDP reply: " + err.String())
 }

@@ -16,6 +16,7 @@ package netstack
 //     blocks) and starts the handler on its own goroutine.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -185,6 +186,7 @@ type UDPRequest struct {
 	bypass *udpBypass
 	ep     tcpip.Endpoint // the flow's gVisor endpoint, behind Conn
 	wq     *waiter.Queue  // its waiter queue
+	reply  bytes.Reader   // Reply's payload, reused
 }
 
 // Client returns the client's address and port.
@@ -295,7 +297,7 @@ func (st *Stack) oldestHandshake(id *stack.TransportEndpointID) bool {
 	found := false
 	cutoff := time.Now().Add(-evictAge)
 	for k, pd := range st.inFlight {
-		if pd.handshaking && pd.since.Before(cutoff) && (!found || pd.since.Before(oldest)) {
+		if pd.handshaking && !pd.aborted && pd.since.Before(cutoff) && (!found || pd.since.Before(oldest)) {
 			*id, oldest, found = k, pd.since, true
 		}
 	}

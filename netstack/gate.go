@@ -117,7 +117,7 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 		}
 		defer release()
 	}
-	if g.resets.passIn(b, g.ct) {
+	if g.resets.passIn(b) {
 		g.counters.resetsAfterEntry.Add(1)
 		g.Endpoint.DeliverNetworkPacket(proto, pkt)
 		return
@@ -192,7 +192,7 @@ func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 			continue
 		}
 		b := appendPacket((*bp)[:0], pkt)
-		if g.resets.passOut(b, g.ct) {
+		if g.resets.passOut(b) {
 			g.counters.resetsAfterEntry.Add(1)
 			continue
 		}

@@ -5,9 +5,12 @@ package netstack
 // to the client finds no entry, and the gate would drop it as a Reply without
 // an entry — the client would hang until its own timeout. So:
 //
-//  1. TCPConn.Abort marks the flow's tuple as resetting for resetHold, then
-//     closes the endpoint with SO_LINGER 0 (gVisor writes the RST inside
-//     Close, synchronously).
+//  1. TCPConn.Abort marks the flow's tuple as resetting for resetHold when
+//     its entry is gone already, then closes the endpoint with SO_LINGER 0
+//     (gVisor writes the RST inside Close, synchronously). A flow whose
+//     entry is live is not marked: its RST is classified as usual, and the
+//     gates need not look at every TCP packet while flows reset each other
+//     by the thousand.
 //  2. While a flow is marked and has no entry, the gate lets its RSTs out
 //     to the client, and lets the client's non-SYN segments in to gVisor.
 //     The second half matters when segments were dropped after the entry
@@ -36,14 +39,18 @@ const resetHold = 2 * time.Second
 
 // resetting is the set of flows being reset, shared by a Stack's gates.
 type resetting struct {
+	ct    *conntrack.Table
 	n     atomic.Int64 // marked flows: the gates look only when > 0
 	flows sync.Map     // conntrack.Tuple -> *resetMark
 }
 
 type resetMark struct{}
 
-// mark marks t for resetHold (step 1).
+// mark marks t for resetHold if its entry is gone (step 1).
 func (r *resetting) mark(t conntrack.Tuple) {
+	if _, live := r.ct.Get(t); live {
+		return
+	}
 	m := &resetMark{}
 	if old, loaded := r.flows.Swap(t, m); !loaded || old == nil {
 		r.n.Add(1)
@@ -57,30 +64,30 @@ func (r *resetting) mark(t conntrack.Tuple) {
 
 // passOut reports whether b, a packet the stack writes, is the RST of a
 // marked flow without an entry (step 2).
-func (r *resetting) passOut(b []byte, ct *conntrack.Table) bool {
+func (r *resetting) passOut(b []byte) bool {
 	if r.n.Load() == 0 {
 		return false
 	}
 	t, flags, ok := tcpSegment(b, conntrack.Reply)
-	return ok && flags&tcpRST != 0 && r.ended(t, ct)
+	return ok && flags&tcpRST != 0 && r.ended(t)
 }
 
 // passIn reports whether b, a packet from the client, is a non-SYN segment
 // of a marked flow without an entry (step 2).
-func (r *resetting) passIn(b []byte, ct *conntrack.Table) bool {
+func (r *resetting) passIn(b []byte) bool {
 	if r.n.Load() == 0 {
 		return false
 	}
 	t, flags, ok := tcpSegment(b, conntrack.Original)
-	return ok && flags&tcpSYN == 0 && r.ended(t, ct)
+	return ok && flags&tcpSYN == 0 && r.ended(t)
 }
 
 // ended reports whether t is marked and has no live entry (step 3).
-func (r *resetting) ended(t conntrack.Tuple, ct *conntrack.Table) bool {
+func (r *resetting) ended(t conntrack.Tuple) bool {
 	if _, marked := r.flows.Load(t); !marked {
 		return false
 	}
-	_, live := ct.Get(t)
+	_, live := r.ct.Get(t)
 	return !live
 }
 

@@ -168,6 +168,7 @@ func New(opts Options) (*Stack, error) {
 		inFlight:    make(map[stack.TransportEndpointID]*pending),
 		perAddr:     make(map[netip.Addr]int),
 	}
+	st.resets.ct = opts.Conntrack
 	st.ctx, st.cancel = context.WithCancel(context.Background())
 	st.SetAdmit(opts.Admit)
 	if err := st.build(opts); err != nil {

@@ -46,26 +46,28 @@ type flow struct {
 
 	mu sync.Mutex
 	// end ends the flow: a RST to both peers (TCP), or both sockets closed
-	// (UDP). It must be idempotent and must not block for long. nil once
-	// the flow ended on its own.
-	end func()
+	// (UDP); reaped says the flow's entry is gone already (else a UDP flow
+	// removes it). It must be idempotent and must not block for long. nil
+	// once the flow ended on its own.
+	end func(reaped bool)
 }
 
 // newFlow returns the record of a flow to endpoint of servicePort; end is
 // how to end it from outside.
-func newFlow(tuple conntrack.Tuple, tcp bool, binding conntrack.Binding, end func()) *flow {
+func newFlow(tuple conntrack.Tuple, tcp bool, binding conntrack.Binding, end func(reaped bool)) *flow {
 	f := &flow{Binding: binding, tuple: tuple, tcp: tcp, end: end}
 	f.Owner = f
 	return f
 }
 
-// terminate ends the flow unless it already ended on its own.
-func (f *flow) terminate() {
+// terminate ends the flow unless it already ended on its own; reaped says
+// its entry is gone.
+func (f *flow) terminate(reaped bool) {
 	f.mu.Lock()
 	end := f.end
 	f.mu.Unlock()
 	if end != nil {
-		end()
+		end(reaped)
 	}
 }
 
@@ -153,7 +155,7 @@ func (p *Proxy) reapQueued() {
 			return
 		}
 		for _, f := range batch {
-			f.terminate()
+			f.terminate(true)
 		}
 		p.flows.mu.Lock()
 		p.flows.reaped += uint64(len(batch))
@@ -201,16 +203,16 @@ func (p *Proxy) Flows() int {
 	return len(p.flows.live)
 }
 
-// Shutdown stops admitting flows (new ones are rejected), ends UDP flows,
-// and lets TCP flows finish on their own until ctx is done; then it resets
-// the TCP flows left, both sides, so that a client whose response was still
-// streaming sees the truncation as a reset rather than a clean end (step 5).
-// It returns once every flow has ended, or a second after the resets. It
-// reports how many flows it had to reset.
+// Shutdown stops admitting flows (new ones are rejected), ends UDP flows
+// (their entries go with them), and lets TCP flows finish on their own
+// until ctx is done; then it resets the flows left, both sides, so that a
+// client whose response was still streaming sees the truncation as a reset
+// rather than a clean end (step 5). It returns once every flow has ended,
+// or a second after the resets, and reports how many flows it reset.
 func (p *Proxy) Shutdown(ctx context.Context) int {
 	p.closing.Store(true)
 	for _, f := range p.liveFlows(false) {
-		f.terminate()
+		f.terminate(false)
 	}
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
@@ -218,8 +220,9 @@ func (p *Proxy) Shutdown(ctx context.Context) int {
 		select {
 		case <-ctx.Done():
 			left := p.liveFlows(true)
+			left = append(left, p.liveFlows(false)...) // set up meanwhile
 			for _, f := range left {
-				f.terminate()
+				f.terminate(false)
 			}
 			deadline := time.Now().Add(time.Second)
 			for p.Flows() > 0 && time.Now().Before(deadline) {

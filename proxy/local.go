@@ -90,7 +90,7 @@ func (p *Proxy) serveLocalTCP(r *netstack.TCPRequest, h LocalHandler) {
 	if ce := p.logger.Check(zap.DebugLevel, "local TCP flow started"); ce != nil {
 		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("local", r.Service()))
 	}
-	f := newFlow(tuple, true, conntrack.Binding{}, func() { _ = conn.Abort() })
+	f := newFlow(tuple, true, conntrack.Binding{}, func(bool) { _ = conn.Abort() })
 	defer p.untrack(f)
 	if !p.track(f) {
 		_ = conn.Abort()
@@ -101,14 +101,14 @@ func (p *Proxy) serveLocalTCP(r *netstack.TCPRequest, h LocalHandler) {
 
 // serveLocalUDP runs the handler on the flow's socket (steps 3, 4); the
 // caller closes it and holds the flow's UDP session slot.
-func (p *Proxy) serveLocalUDP(r *netstack.UDPRequest, h LocalHandler, exact conntrack.Filter) {
+func (p *Proxy) serveLocalUDP(r *netstack.UDPRequest, h LocalHandler) {
 	tuple := r.Tuple()
 	p.stats.count(conntrack.UDP, ResultLocal)
 	if ce := p.logger.Check(zap.DebugLevel, "local UDP flow started"); ce != nil {
 		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("local", r.Service()))
 	}
 	var removed atomic.Bool
-	f := newFlow(tuple, false, conntrack.Binding{}, func() { removed.Store(true); _ = r.Conn.Close() })
+	f := newFlow(tuple, false, conntrack.Binding{}, func(reaped bool) { removed.Store(reaped); _ = r.Conn.Close() })
 	defer p.untrack(f)
 	if p.track(f) {
 		h.ServeUDP(r.Conn)
@@ -116,6 +116,6 @@ func (p *Proxy) serveLocalUDP(r *netstack.UDPRequest, h LocalHandler, exact conn
 	if !removed.Load() {
 		// The handler ended the flow (idle): forget it, so a later
 		// datagram is admitted afresh.
-		p.ct.Delete(exact)
+		p.ct.DeleteFlow(tuple, f)
 	}
 }

@@ -84,10 +84,11 @@ type Proxy struct {
 	pickers atomic.Pointer[map[pickerKey]*balancer.Picker]
 	syncMu  sync.Mutex // serializes SetTable
 
-	coarse *conntrack.CoarseClock // the conntrack clock Run ticks; nil if injected
-	flows  *flowSet
-	poller *replyPoller // UDP replies (udppoll_linux.go); nil where there is none
-	defrag *conntrack.Reassembler
+	coarse  *conntrack.CoarseClock // the conntrack clock Run ticks; nil if injected
+	flows   *flowSet
+	poller  atomic.Pointer[replyPoller] // UDP replies (udppoll_linux.go), while Run runs
+	runOnce sync.Once
+	defrag  *conntrack.Reassembler
 
 	udpSessions atomic.Int64
 	stats       counters
@@ -167,11 +168,6 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	p.cfg, p.ct, p.defrag = cfg, ct, defrag
-	if rp, err := newReplyPoller(); err == nil {
-		p.poller = rp
-	} else {
-		p.logger.Debug("UDP flows relay their replies on a goroutine each", zap.Error(err))
-	}
 	empty := map[pickerKey]*balancer.Picker{}
 	p.pickers.Store(&empty)
 	return p, nil
@@ -302,17 +298,28 @@ func (p *Proxy) route(proto service.Protocol, flow conntrack.Tuple) (*service.Po
 
 // Run drives the conntrack clock (when the proxy owns it), expiry, the
 // reaper that ends flows whose entries left the table (flows.go) and the
-// UDP reply poller (udp.go), until ctx is done. Run it once.
+// UDP reply poller (udp.go), until ctx is done. Run it once: a second Run
+// drives the rest but no poller.
 func (p *Proxy) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	if p.coarse != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); tickClock(ctx, p.coarse) }()
 	}
-	if p.poller != nil {
+	p.runOnce.Do(func() {
+		rp, err := newReplyPoller()
+		if err != nil {
+			p.logger.Info("UDP flows relay their replies on a goroutine each", zap.Error(err))
+			return
+		}
+		p.poller.Store(rp)
 		wg.Add(1)
-		go func() { defer wg.Done(); p.poller.run(ctx) }()
-	}
+		go func() {
+			defer wg.Done()
+			rp.run(ctx)
+			p.poller.CompareAndSwap(rp, nil)
+		}()
+	})
 	p.reap(ctx, p.cfg.SweepInterval)
 	wg.Wait()
 }

@@ -30,6 +30,10 @@ import (
 // HandleTCP proxies one TCP flow (implements netstack.FlowHandler).
 func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 	tuple := r.Tuple()
+	if p.closing.Load() { // Shutdown: admitted just before, refused now
+		r.Refuse()
+		return
+	}
 	port, i, _, v := p.route(service.TCP, tuple) // 1
 	if port == nil {
 		if h := p.localFor(p.table.Load(), r.Service()); h != nil {
@@ -67,7 +71,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 	p.stats.count(conntrack.TCP, ResultProxied)
 
 	s := &splice{client: client, backend: backend, proxy: p}
-	f := newFlow(tuple, true, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, s.abort) // 4
+	f := newFlow(tuple, true, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, func(bool) { s.abort() }) // 4
 	defer p.untrack(f)
 	if !p.track(f) {
 		s.abort()

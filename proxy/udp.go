@@ -49,13 +49,17 @@ const maxDatagram = 65535
 // on until finish.
 func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 	tuple := r.Tuple()
-	exact := conntrack.Filter{Protocol: conntrack.UDP, Src: tuple.SrcAddr(), SrcPort: tuple.SrcPort(), Dst: tuple.DstAddr(), DstPort: tuple.DstPort()}
+	if p.closing.Load() { // Shutdown: admitted just before, refused now
+		_ = r.Conn.Close()
+		p.ct.DeleteFlow(tuple, nil)
+		return
+	}
 	port, i, _, _ := p.route(service.UDP, tuple) // 1
 	var local LocalHandler
 	if port == nil {
 		if local = p.localFor(p.table.Load(), r.Service()); local == nil {
 			_ = r.Conn.Close()
-			p.ct.Delete(exact)
+			p.ct.DeleteFlow(tuple, nil)
 			return
 		}
 	}
@@ -63,13 +67,13 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		p.udpSessions.Add(-1)
 		p.stats.count(conntrack.UDP, ResultTableFull)
 		_ = r.Conn.Close()
-		p.ct.Delete(exact)
+		p.ct.DeleteFlow(tuple, nil)
 		return
 	}
 	if port == nil {
 		defer p.udpSessions.Add(-1)
 		defer r.Conn.Close()
-		p.serveLocalUDP(r, local, exact)
+		p.serveLocalUDP(r, local)
 		return
 	}
 	endpoint := port.Endpoints[i].Addr
@@ -79,19 +83,21 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		p.udpSessions.Add(-1)
 		p.stats.count(conntrack.UDP, ResultDialFailed)
 		_ = r.Conn.Close()
-		p.ct.Delete(exact)
+		p.ct.DeleteFlow(tuple, nil)
 		return
 	}
 	p.stats.count(conntrack.UDP, ResultProxied)
 
-	u := &udpFlow{p: p, r: r, backend: backend, exact: exact}
-	u.flow = newFlow(tuple, false, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, func() { u.finish(true) })
+	u := &udpFlow{p: p, r: r, backend: backend}
+	u.flow = newFlow(tuple, false, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, u.finish)
 	if !p.track(u.flow) { // 3
 		u.finish(true) // the entry went meanwhile: a later datagram starts afresh
 		return
 	}
 	u.mu.Lock()
-	u.stopWatch = context.AfterFunc(r.Context(), func() { u.finish(false) })
+	if !u.closed {
+		u.stopWatch = context.AfterFunc(r.Context(), func() { u.finish(false) })
+	}
 	u.mu.Unlock()
 	if ce := p.logger.Check(zap.DebugLevel, "UDP flow started"); ce != nil {
 		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
@@ -114,8 +120,8 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		return
 	}
 	u.stopForward = r.Forward(s.send) // 4
-	if p.poller != nil {
-		if remove, err := p.poller.add(u, s.rc); err == nil { // 5
+	if rp := p.poller.Load(); rp != nil {
+		if remove, err := rp.add(u, s.rc); err == nil { // 5
 			u.unpoll = remove
 			u.mu.Unlock()
 			return
@@ -133,7 +139,6 @@ type udpFlow struct {
 	r       *netstack.UDPRequest
 	backend net.Conn
 	rc      syscall.RawConn // of backend, when it is a kernel socket
-	exact   conntrack.Filter
 	flow    *flow
 
 	mu          sync.Mutex
@@ -151,12 +156,20 @@ func (u *udpFlow) onReadable() {
 	}
 }
 
+// pollBatch bounds the datagrams one flow relays per readiness event, so
+// that a busy flow cannot starve the others on the poller's goroutine (the
+// level-triggered epoll reports its socket again).
+const pollBatch = 64
+
 // relayOnce reads the datagrams waiting on the endpoint socket and writes
 // them to the client, taking a pooled buffer only once one is there. With
-// wait it first waits until the socket is readable (the goroutine mode);
-// without, it returns when the socket is empty. It reports false once the
-// socket or the client failed or was closed. An ICMP error from the
-// endpoint (ECONNREFUSED on the connected socket) does not end the flow.
+// wait it first waits until the socket is readable and relays one datagram
+// (the goroutine mode); without, it returns when the socket is empty or
+// after pollBatch datagrams. It reports false once the socket or the
+// client's side was closed. An ICMP error from the endpoint (ECONNREFUSED
+// on the connected socket) does not end the flow, nor does a reply dropped
+// because the client's side is full (netstack.ErrReplyDropped): writes to
+// the client never wait.
 func (u *udpFlow) relayOnce(wait bool) bool {
 	ok := true
 	err := u.rc.Read(func(fd uintptr) bool {
@@ -166,7 +179,7 @@ func (u *udpFlow) relayOnce(wait bool) bool {
 				udpPool.Put(bp)
 			}
 		}()
-		for {
+		for relayed := 0; relayed < pollBatch; {
 			if bp == nil {
 				bp = udpPool.Get().(*[]byte)
 			}
@@ -180,7 +193,11 @@ func (u *udpFlow) relayOnce(wait bool) bool {
 				ok = false
 				return true
 			}
-			if _, werr := u.r.Conn.Write((*bp)[:n]); werr != nil {
+			relayed++
+			if werr := u.r.Reply((*bp)[:n]); werr != nil {
+				if errors.Is(werr, netstack.ErrReplyDropped) {
+					continue
+				}
 				ok = false
 				return true
 			}
@@ -189,13 +206,14 @@ func (u *udpFlow) relayOnce(wait bool) bool {
 				return true
 			}
 		}
+		return true
 	})
 	return ok && err == nil
 }
 
 // finish ends the flow, once (step 6); byReaper says its entry is gone
 // already.
-func (u *udpFlow) finish(byReaper bool) {
+func (u *udpFlow) finish(byReaper bool) { // byReaper: the entry is gone already
 	u.mu.Lock()
 	if u.closed {
 		u.mu.Unlock()
@@ -215,11 +233,11 @@ func (u *udpFlow) finish(byReaper bool) {
 	}
 	_ = u.r.Conn.Close()
 	_ = u.backend.Close()
+	if !byReaper {
+		u.p.ct.DeleteFlow(u.flow.tuple, u.flow)
+	}
 	u.p.untrack(u.flow)
 	u.p.udpSessions.Add(-1)
-	if !byReaper {
-		u.p.ct.Delete(u.exact)
-	}
 }
 
 func (p *Proxy) pumpClientToEndpoint(client, backend net.Conn, done chan<- struct{}) { // pump: client -> endpoint

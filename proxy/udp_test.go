@@ -109,3 +109,83 @@ func TestUDPFlowSurvivesWhileItsEndpointServes(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// udpDatapath is a proxy serving 10.96.0.53:53 over UDP from one echo
+// endpoint, with Run under the test's control.
+func udpDatapath(t *testing.T) (*Proxy, *netstack.Stack, context.CancelFunc, chan struct{}) {
+	t.Helper()
+	p, tr, ct := newTestProxyWith(t, Config{}, false)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); p.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+	st, err := netstack.New(netstack.Options{Link: &netstack.NewMemoryLink(0, 256).Link, Conntrack: ct, Admit: p.Admit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	st.SetFlowHandler(p)
+	a := udpEcho(t, "127.0.0.1:0")
+	tr.OnServiceAdd(svc("dns", "10.96.0.53", v1.ProtocolUDP, 53))
+	tr.OnEndpointSliceAdd(slice("dns", "dns-a", v1.ProtocolUDP, int32(a.LocalAddr().(*net.UDPAddr).Port), "", "127.0.0.1"))
+	tr.OnSynced()
+	return p, st, cancel, ran
+}
+
+func udpExchange(t *testing.T, st *netstack.Stack) net.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := st.DialContext(ctx, "udp", "10.96.0.53:53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Write([]byte("?")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Read(make([]byte, 64)); err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	return c
+}
+
+// Shutdown ends UDP flows at once, their conntrack entries with them, so
+// that a late datagram cannot bring the flow back, and does not wait out
+// its grace period for them.
+func TestShutdownEndsUDPFlows(t *testing.T) {
+	p, st, _, _ := udpDatapath(t)
+	c := udpExchange(t, st)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if n := p.Shutdown(ctx); n != 0 {
+		t.Errorf("Shutdown reset %d flows, want 0 (the UDP flow ends at its start)", n)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Shutdown took %v with only a UDP flow", took)
+	}
+	if n := p.Conntrack().Stats().EntriesUDP; n != 0 {
+		t.Errorf("%d UDP entries left after Shutdown", n)
+	}
+	_, _ = c.Write([]byte("late"))
+	time.Sleep(100 * time.Millisecond)
+	if n := p.Flows(); n != 0 {
+		t.Errorf("%d flows live after a late datagram", n)
+	}
+}
+
+// When Run ends, the UDP flows whose replies its poller relayed end too:
+// nothing would relay them any more.
+func TestRunEndEndsPolledUDPFlows(t *testing.T) {
+	p, st, cancel, ran := udpDatapath(t)
+	udpExchange(t, st)
+	waitFlows(t, p, 1)
+	cancel()
+	<-ran
+	waitFlows(t, p, 0)
+	if n := p.udpSessions.Load(); n != 0 {
+		t.Errorf("%d UDP sessions counted after the flows ended", n)
+	}
+}

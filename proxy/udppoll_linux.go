@@ -14,7 +14,8 @@ package proxy
 //     client.
 //  3. remove takes the socket out before the flow closes it; ids are never
 //     reused, so an event already fetched for a removed flow finds nothing.
-//  4. Run's end wakes the poller through a pipe; it closes its descriptors,
+//  4. Run's end wakes the poller through a pipe; it ends the flows it still
+//     holds (nothing would relay their replies), closes its descriptors,
 //     and later flows fall back to a goroutine of their own.
 
 import (
@@ -40,7 +41,7 @@ func newReplyPoller() (*replyPoller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: epoll_create1: %w", err)
 	}
-	rp := &replyPoller{epfd: epfd, flows: make(map[uint64]*udpFlow)}
+	rp := &replyPoller{epfd: epfd, flows: make(map[uint64]*udpFlow), running: true}
 	if err := syscall.Pipe2(rp.wake[:], syscall.O_CLOEXEC|syscall.O_NONBLOCK); err != nil {
 		syscall.Close(epfd)
 		return nil, fmt.Errorf("proxy: pipe2: %w", err)
@@ -96,13 +97,13 @@ func (rp *replyPoller) remove(id uint64, rc syscall.RawConn) {
 	}
 }
 
-// run is the poller goroutine (steps 2 and 4).
+// run is the poller goroutine (steps 2 and 4); call it once.
 func (rp *replyPoller) run(ctx context.Context) { // UDP reply poller
-	rp.mu.Lock()
-	rp.running = true
-	rp.mu.Unlock()
-	stop := context.AfterFunc(ctx, func() { _, _ = syscall.Write(rp.wake[1], []byte{0}) })
-	defer stop()
+	woke := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		_, _ = syscall.Write(rp.wake[1], []byte{0})
+		close(woke)
+	})
 	events := make([]syscall.EpollEvent, 128)
 	for {
 		n, err := syscall.EpollWait(rp.epfd, events, -1)
@@ -130,9 +131,22 @@ func (rp *replyPoller) run(ctx context.Context) { // UDP reply poller
 			break
 		}
 	}
+	if !stop() {
+		<-woke // no wake-up may be written once the pipe is closed
+	}
 	rp.mu.Lock()
 	rp.running = false
+	left := make([]*udpFlow, 0, len(rp.flows))
+	for _, u := range rp.flows {
+		left = append(left, u)
+	}
 	clear(rp.flows)
+	rp.mu.Unlock()
+	// Nothing would relay their replies any more: end them.
+	for _, u := range left {
+		u.finish(false)
+	}
+	rp.mu.Lock()
 	rp.closeFDs()
 	rp.mu.Unlock()
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -187,5 +188,28 @@ func TestRunEndEndsPolledUDPFlows(t *testing.T) {
 	waitFlows(t, p, 0)
 	if n := p.udpSessions.Load(); n != 0 {
 		t.Errorf("%d UDP sessions counted after the flows ended", n)
+	}
+}
+
+// An idle UDP flow holds no goroutine (issue 15, item 9: each held three,
+// and two 64 KiB buffers, for its whole life): the client's datagrams go
+// from the stack to the endpoint socket on the delivering goroutine, and
+// the replies wait in the poller's one epoll set.
+func TestIdleUDPFlowsHoldNoGoroutine(t *testing.T) {
+	p, st, _, _ := udpDatapath(t)
+	udpExchange(t, st) // the poller and the stack's goroutines are up
+	waitFlows(t, p, 1)
+	time.Sleep(50 * time.Millisecond)
+	before := runtime.NumGoroutine()
+	const flows = 50
+	for range flows {
+		udpExchange(t, st)
+	}
+	waitFlows(t, p, flows+1)
+	time.Sleep(50 * time.Millisecond)
+	after := runtime.NumGoroutine()
+	t.Logf("goroutines: %d before, %d with %d more idle UDP flows", before, after, flows)
+	if after-before >= flows/5 {
+		t.Errorf("%d more goroutines for %d idle UDP flows, want none per flow", after-before, flows)
 	}
 }

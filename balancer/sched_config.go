@@ -26,7 +26,7 @@ var ErrSchedulerFlags = errors.New("bad scheduler flags")
 
 // SchedulerNames are the names ParseScheduler accepts: "random" (the
 // default: kube-proxy's iptables lottery) and IPVS's schedulers.
-var SchedulerNames = []string{"random", "rr", "wrr"}
+var SchedulerNames = []string{"random", "rr", "wrr", "lc", "wlc", "sed", "nq"}
 
 // SchedFlags are a service's scheduler flags (IP_VS_SVC_F_SCHED1..3).
 type SchedFlags uint8
@@ -156,6 +156,14 @@ func (c SchedulerConfig) New(r Source) Scheduler {
 		return newRR()
 	case "wrr":
 		return newWRR()
+	case "lc":
+		return lc{}
+	case "wlc":
+		return wlc{}
+	case "sed":
+		return sed{}
+	case "nq":
+		return nq{}
 	}
 	panic(fmt.Sprintf("balancer: scheduler %q: %v", c.Name, ErrUnknownScheduler))
 }

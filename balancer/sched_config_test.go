@@ -73,6 +73,7 @@ func TestParseSchedulerFlags(t *testing.T) {
 	}{
 		{"rr", "flag-1", SchedFlag1, false, []string{"flag-1"}},
 		{"rr", "sh-port", 0, true, nil},
+		{"wlc", "flag-4", 0, true, nil},
 		{"random", "flag-1", 0, true, nil},
 		{"random", ",", 0, false, nil},
 	}

@@ -26,7 +26,7 @@ var ErrSchedulerFlags = errors.New("bad scheduler flags")
 
 // SchedulerNames are the names ParseScheduler accepts: "random" (the
 // default: kube-proxy's iptables lottery) and IPVS's schedulers.
-var SchedulerNames = []string{"random", "rr", "wrr", "lc", "wlc", "sed", "nq"}
+var SchedulerNames = []string{"random", "rr", "wrr", "lc", "wlc", "sed", "nq", "sh", "dh"}
 
 // SchedFlags are a service's scheduler flags (IP_VS_SVC_F_SCHED1..3).
 type SchedFlags uint8
@@ -164,6 +164,10 @@ func (c SchedulerConfig) New(r Source) Scheduler {
 		return sed{}
 	case "nq":
 		return nq{}
+	case "sh":
+		return &sh{flags: c.Flags}
+	case "dh":
+		return &dh{}
 	}
 	panic(fmt.Sprintf("balancer: scheduler %q: %v", c.Name, ErrUnknownScheduler))
 }

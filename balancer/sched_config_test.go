@@ -71,8 +71,14 @@ func TestParseSchedulerFlags(t *testing.T) {
 		wantErr     bool
 		names       []string
 	}{
+		{"sh", "", 0, false, nil},
+		{"sh", "sh-port", SchedFlag2, false, []string{"sh-port"}},
+		{"sh", "sh-port,sh-fallback", SchedFlag1 | SchedFlag2, false, []string{"sh-fallback", "sh-port"}},
+		{"sh", " sh-fallback , ,sh-port ", SchedFlag1 | SchedFlag2, false, []string{"sh-fallback", "sh-port"}},
+		{"sh", "flag-2", SchedFlag2, false, []string{"sh-port"}},
 		{"rr", "flag-1", SchedFlag1, false, []string{"flag-1"}},
 		{"rr", "sh-port", 0, true, nil},
+		{"sh", "mh-port", 0, true, nil},
 		{"wlc", "flag-4", 0, true, nil},
 		{"random", "flag-1", 0, true, nil},
 		{"random", ",", 0, false, nil},

@@ -26,7 +26,7 @@ var ErrSchedulerFlags = errors.New("bad scheduler flags")
 
 // SchedulerNames are the names ParseScheduler accepts: "random" (the
 // default: kube-proxy's iptables lottery) and IPVS's schedulers.
-var SchedulerNames = []string{"random", "rr", "wrr", "lc", "wlc", "sed", "nq", "sh", "dh"}
+var SchedulerNames = []string{"random", "rr", "wrr", "lc", "wlc", "sed", "nq", "sh", "dh", "mh"}
 
 // SchedFlags are a service's scheduler flags (IP_VS_SVC_F_SCHED1..3).
 type SchedFlags uint8
@@ -168,6 +168,8 @@ func (c SchedulerConfig) New(r Source) Scheduler {
 		return &sh{flags: c.Flags}
 	case "dh":
 		return &dh{}
+	case "mh":
+		return newMH(c.Flags)
 	}
 	panic(fmt.Sprintf("balancer: scheduler %q: %v", c.Name, ErrUnknownScheduler))
 }

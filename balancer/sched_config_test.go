@@ -76,9 +76,13 @@ func TestParseSchedulerFlags(t *testing.T) {
 		{"sh", "sh-port,sh-fallback", SchedFlag1 | SchedFlag2, false, []string{"sh-fallback", "sh-port"}},
 		{"sh", " sh-fallback , ,sh-port ", SchedFlag1 | SchedFlag2, false, []string{"sh-fallback", "sh-port"}},
 		{"sh", "flag-2", SchedFlag2, false, []string{"sh-port"}},
+		{"mh", "mh-port", SchedFlag2, false, []string{"mh-port"}},
+		{"mh", "mh-fallback,flag-3", SchedFlag1 | SchedFlag3, false, []string{"mh-fallback", "flag-3"}},
 		{"rr", "flag-1", SchedFlag1, false, []string{"flag-1"}},
 		{"rr", "sh-port", 0, true, nil},
 		{"sh", "mh-port", 0, true, nil},
+		{"mh", "sh-fallback", 0, true, nil},
+		{"mh", "port", 0, true, nil},
 		{"wlc", "flag-4", 0, true, nil},
 		{"random", "flag-1", 0, true, nil},
 		{"random", ",", 0, false, nil},
@@ -98,6 +102,10 @@ func TestParseSchedulerFlags(t *testing.T) {
 		if diff := cmp.Diff(c.names, cfg.FlagNames()); diff != "" {
 			t.Errorf("%s %q: FlagNames (-want +got):\n%s", c.name, c.flags, diff)
 		}
+	}
+	cfg, _ := ParseScheduler("mh", "mh-port,mh-fallback")
+	if got := cfg.String(); got != "mh mh-fallback,mh-port" {
+		t.Errorf("String() = %q", got)
 	}
 }
 

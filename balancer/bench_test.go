@@ -89,3 +89,54 @@ func BenchmarkAffinityCheck(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSchedulerPick: one pick per iteration from a scheduler that has
+// seen the list, each endpoint carrying some connections; clients vary so
+// that the hash schedulers read the whole table.
+func BenchmarkSchedulerPick(b *testing.B) {
+	for _, name := range SchedulerNames {
+		for _, n := range []int{3, 100} {
+			b.Run(fmt.Sprintf("%s/n=%d", name, n), func(b *testing.B) {
+				eps := testEndpoints(n)
+				for i := range eps {
+					eps[i].Conns = counted(i%7, i%5)
+				}
+				s := mustScheduler(b, name, "")
+				if err := s.Update(eps); err != nil {
+					b.Fatal(err)
+				}
+				clients := randomClients(1, 1024)
+				f := anyFlow
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					f.Client = clients[i%len(clients)]
+					s.Pick(eps, f)
+					i++
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkMHTableBuild: the cost of a list change under mh (the kernel's
+// ip_vs_mh_reassign), paid once per change.
+func BenchmarkMHTableBuild(b *testing.B) {
+	for _, n := range []int{3, 10, 100, 1000} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			eps := testEndpoints(n)
+			s := newMH(0)
+			b.ReportAllocs()
+			for b.Loop() {
+				s.populate(eps, lastWeights(nil, eps))
+			}
+		})
+	}
+}
+
+func BenchmarkHSipHash32(b *testing.B) {
+	var v uint32
+	for b.Loop() {
+		v = hsiphash32(mhKey1, mhKey1, v)
+	}
+}

@@ -42,6 +42,7 @@ type GateStats struct {
 	HandlerPanics               uint64
 	HandshakesAborted           uint64
 	ResetsAfterEntry            uint64
+	SegmentsAfterEntry          uint64
 }
 
 // Sources are where the metrics come from. Every field may be nil: its
@@ -357,8 +358,11 @@ func gateGroup(snap func() GateStats) metricGroup {
 			func(s *GateStats) uint64 { return s.HandlerPanics }),
 		counter("gate_handshakes_aborted_total", "TCP handshakes aborted because the client did not complete them in time.",
 			func(s *GateStats) uint64 { return s.HandshakesAborted }),
-		counter("gate_reset_after_entry_packets_total", "Packets of TCP flows ended after their conntrack entry was gone (flush, expiry) let through so that the client gets its RST.",
-			func(s *GateStats) uint64 { return s.ResetsAfterEntry }),
+		labeled("gate_reset_after_entry_packets_total", "Packets of TCP flows ended after their conntrack entry was gone (flush, expiry) let through so that the client gets its RST: RSTs out, and client segments in for the stack to answer with one.",
+			prometheus.CounterValue, []string{"direction"}, func(s *GateStats, emit func(float64, ...string)) {
+				emit(float64(s.SegmentsAfterEntry), "in")
+				emit(float64(s.ResetsAfterEntry), "out")
+			}),
 	}}
 }
 

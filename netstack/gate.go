@@ -75,7 +75,8 @@ type gateCounters struct {
 	inFlightLimited    atomic.Uint64
 	handlerPanics      atomic.Uint64
 	handshakesAborted  atomic.Uint64
-	resetsAfterEntry   atomic.Uint64
+	resetsOut          atomic.Uint64 // RSTs of flows whose entry was gone
+	resetsIn           atomic.Uint64 // client segments of such flows, for gVisor to answer
 }
 
 // gate wraps a link endpoint; see the flow comment at the top of the file.
@@ -118,7 +119,7 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 		defer release()
 	}
 	if g.resets.passIn(b) {
-		g.counters.resetsAfterEntry.Add(1)
+		g.counters.resetsIn.Add(1)
 		g.Endpoint.DeliverNetworkPacket(proto, pkt)
 		return
 	}
@@ -193,7 +194,7 @@ func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 		}
 		b := appendPacket((*bp)[:0], pkt)
 		if g.resets.passOut(b) {
-			g.counters.resetsAfterEntry.Add(1)
+			g.counters.resetsOut.Add(1)
 			continue
 		}
 		if res := g.ct.Classify(b, conntrack.Reply); res.Verdict == conntrack.Invalid {

@@ -20,8 +20,8 @@ package netstack
 //     connection, answers that ACK with a RST at exactly the sequence
 //     number the client expects, as a closed port does.
 //  3. A marked flow that has an entry again (a new connection from the same
-//     port) is classified as usual. Both directions are counted as
-//     ResetsAfterEntry.
+//     port) is classified as usual. The RSTs let out are counted as
+//     ResetsAfterEntry, the client's segments let in as SegmentsAfterEntry.
 
 import (
 	"encoding/binary"

@@ -376,11 +376,11 @@ type Stats struct {
 	// HandshakesAborted counts handshakes aborted because the client did
 	// not complete them within HandshakeTimeout (or at Close).
 	HandshakesAborted uint64
-	// ResetsAfterEntry counts the packets of TCP flows ended after their
-	// conntrack entry had gone (flush, expiry) that the gate let through so
-	// that the client gets its RST: the RSTs, and client segments answered
-	// with one (reset.go).
-	ResetsAfterEntry uint64
+	// ResetsAfterEntry counts the RSTs of TCP flows ended after their
+	// conntrack entry had gone (flush, expiry) that the gate let out to the
+	// client; SegmentsAfterEntry the client's segments of such flows it let
+	// in, each of which gVisor answers with one more RST (reset.go).
+	ResetsAfterEntry, SegmentsAfterEntry uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -397,7 +397,7 @@ func (st *Stack) Stats() Stats {
 		Accepted: c.accepted.Load(), Oversized: c.oversized.Load(),
 		TCPInFlight: inflight, InFlightLimited: c.inFlightLimited.Load(),
 		HandlerPanics: c.handlerPanics.Load(), HandshakesAborted: c.handshakesAborted.Load(),
-		ResetsAfterEntry: c.resetsAfterEntry.Load(),
+		ResetsAfterEntry: c.resetsOut.Load(), SegmentsAfterEntry: c.resetsIn.Load(),
 	}
 }
 

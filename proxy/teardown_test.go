@@ -159,8 +159,13 @@ func TestFlushResetsBothPeers(t *testing.T) {
 	expectReset(t, "client", client)
 	expectReset(t, "endpoint", endpoint)
 	waitFlows(t, d.p, 0)
-	if got := d.st.Stats().ResetsAfterEntry; got == 0 {
-		t.Error("ResetsAfterEntry = 0: the client's RST was not the one let through after the entry")
+	// The RST that reached the client was one the gate let out after the
+	// entry went (without the pass it is dropped and the read above times
+	// out). How many more follow is up to timing: a late ACK of the last
+	// exchange, let in and answered by gVisor with a RST of its own, or one
+	// gVisor had queued before the flush; so the count is at least one.
+	if st := d.st.Stats(); st.ResetsAfterEntry == 0 {
+		t.Errorf("no RST let out after the entry (%d client segments let in)", st.SegmentsAfterEntry)
 	}
 }
 
@@ -279,10 +284,14 @@ func TestShutdownResetsWhatIsLeft(t *testing.T) {
 func TestSpliceClientResetReachesEndpoint(t *testing.T) {
 	d := newDatapath(t, Config{})
 	client, endpoint := d.connect(t)
-	if _, err := io.WriteString(endpoint, "never read"); err != nil {
+	if _, err := io.WriteString(endpoint, "ab"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond) // the bytes reach the client's buffer
+	// Read one byte: the other has then arrived too (one segment) and is
+	// left unread.
+	if _, err := io.ReadFull(client, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
 	client.Close()
 	expectReset(t, "endpoint", endpoint)
 	waitFlows(t, d.p, 0)

@@ -49,25 +49,28 @@ const maxDatagram = 65535
 // on until finish.
 func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 	tuple := r.Tuple()
-	if p.closing.Load() { // Shutdown: admitted just before, refused now
+	// refuse ends a flow that never started; its entry goes, so that a
+	// later datagram is admitted afresh.
+	refuse := func() {
 		_ = r.Conn.Close()
 		p.ct.DeleteFlow(tuple, nil)
+	}
+	if p.closing.Load() { // Shutdown: admitted just before, refused now
+		refuse()
 		return
 	}
 	port, i, _, _ := p.route(service.UDP, tuple) // 1
 	var local LocalHandler
 	if port == nil {
 		if local = p.localFor(p.table.Load(), r.Service()); local == nil {
-			_ = r.Conn.Close()
-			p.ct.DeleteFlow(tuple, nil)
+			refuse()
 			return
 		}
 	}
 	if p.udpSessions.Add(1) > int64(p.cfg.MaxUDPSessions) {
 		p.udpSessions.Add(-1)
 		p.stats.count(conntrack.UDP, ResultTableFull)
-		_ = r.Conn.Close()
-		p.ct.DeleteFlow(tuple, nil)
+		refuse()
 		return
 	}
 	if port == nil {
@@ -82,8 +85,7 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 	if err != nil {
 		p.udpSessions.Add(-1)
 		p.stats.count(conntrack.UDP, ResultDialFailed)
-		_ = r.Conn.Close()
-		p.ct.DeleteFlow(tuple, nil)
+		refuse()
 		return
 	}
 	p.stats.count(conntrack.UDP, ResultProxied)

@@ -202,4 +202,32 @@ type Binding struct {
 	// owner finds the flow without looking it up by tuple (its tuple may
 	// already belong to a newer flow).
 	Owner any
+	// Counter, when set, is told when the flow's TCP state enters or
+	// leaves ESTABLISHED and when its entry leaves the table, so that the
+	// owner can keep IPVS's per-endpoint connection counts without ever
+	// scanning the table (see Counter).
+	Counter Counter
+}
+
+// Counter follows one bound flow for its owner, the way IPVS moves a
+// connection between its destination's activeconns and inactconns
+// (ip_vs_proto_tcp.c, set_tcp_state; ip_vs_conn.c, ip_vs_unbind_dest). Its
+// methods run under the entry's shard lock, on the goroutine of the packet
+// or the removal: they must be O(1), must not block and must not call the
+// Table.
+//
+// The owner counts the flow (as inactive) before Bind. From a successful
+// Bind on, the table makes the calls: Established(true) at Bind when the
+// entry is ESTABLISHED already, then Established(true/false) on every move
+// into or out of ESTABLISHED, then exactly one Removed with whether the
+// entry was ESTABLISHED, when the entry leaves the table (or when a later
+// Bind replaces this one). UDP flows are never established.
+type Counter interface {
+	Established(bool)
+	Removed(established bool)
+}
+
+// established reports whether e counts as an active connection.
+func (e *entry) established() bool {
+	return e.key.proto == TCP && e.tcp.state == TCPEstablished
 }

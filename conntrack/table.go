@@ -231,7 +231,11 @@ func (t *Table) process(sh *shard, e *entry, dir Direction, s *segment, now int6
 	var out outcome
 	var reason Reason
 	if e.key.proto == TCP {
+		was := e.tcp.state
 		out, reason = t.tcpPacket(sh, e, dir, s, now)
+		if b := e.bind; b != nil && b.Counter != nil && (was == TCPEstablished) != (e.tcp.state == TCPEstablished) {
+			b.Counter.Established(e.tcp.state == TCPEstablished)
+		}
 	} else {
 		t.udpPacket(sh, e, dir, s, now)
 		out = outAccept
@@ -384,6 +388,9 @@ func (t *Table) removeLocked(sh *shard, e *entry, why RemoveReason, now int64, p
 		sh.killed++
 	}
 	t.count.Add(-1)
+	if b := e.bind; b != nil && b.Counter != nil {
+		b.Counter.Removed(e.established())
+	}
 	if t.onRemove != nil {
 		pend.add(snapshot(e, now), why)
 	}
@@ -393,9 +400,10 @@ func (t *Table) removeLocked(sh *shard, e *entry, why RemoveReason, now int64, p
 // tuple): the endpoint it was sent to and the name of its service port, for
 // listing and filtering, and the owner's handle, handed back when the entry
 // leaves the table. The Reply tuple is then listed from the endpoint to the
-// client, as after the kernel's DNAT. A later Bind replaces an earlier one.
-// It reports false when no live entry exists. The table keeps b; the caller
-// must not change it afterwards.
+// client, as after the kernel's DNAT. A later Bind replaces an earlier one
+// (whose Counter is then told Removed). It reports false when no live entry
+// exists; b's Counter is then the caller's to uncount. The table keeps b;
+// the caller must not change it afterwards.
 func (t *Table) Bind(orig Tuple, b *Binding) bool {
 	if ep := b.Endpoint; orig.family == 4 && ep.Addr().Is4In6() {
 		b.Endpoint = netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port())
@@ -407,6 +415,12 @@ func (t *Table) Bind(orig Tuple, b *Binding) bool {
 	e := sh.idx.get(&orig, h)
 	if e == nil || now >= e.expires {
 		return false
+	}
+	if old := e.bind; old != nil && old.Counter != nil && old != b {
+		old.Counter.Removed(e.established())
+	}
+	if b.Counter != nil && e.established() && e.bind != b {
+		b.Counter.Established(true)
 	}
 	e.bind = b
 	return true

@@ -60,7 +60,10 @@ func TestCounterFollowsEstablished(t *testing.T) {
 			remove: func(tab *Table, f *flow, clk *ManualClock) { clk.Advance(DefaultTimeouts().TCPClose); tab.Sweep() }},
 		{name: "expires while ESTABLISHED", bindAfter: 3,
 			steps: []step{}, activeAfter: []int{},
-			remove: func(tab *Table, f *flow, clk *ManualClock) { clk.Advance(DefaultTimeouts().TCPEstablished); tab.Sweep() }},
+			remove: func(tab *Table, f *flow, clk *ManualClock) {
+				clk.Advance(DefaultTimeouts().TCPEstablished)
+				tab.Sweep()
+			}},
 		{name: "flushed while ESTABLISHED", bindAfter: 1,
 			steps: []step{{Reply, flagSYN | flagACK}, {Original, flagACK}}, activeAfter: []int{0, 1},
 			remove: func(tab *Table, f *flow, _ *ManualClock) { tab.DeleteFlow(f.tuple(), nil) }},

@@ -1,0 +1,146 @@
+package balancer
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// Rows worked out from ip_vs_core.c (ip_vs_sched_persist) and ip_vs_conn.c
+// (ip_vs_conn_expire: a template with controlled connections is re-armed
+// for another T instead of expiring; ip_vs_conn_put re-arms it on each use).
+func TestPersistenceIPVSTemplates(t *testing.T) {
+	const T = 10 * time.Second
+	eps := testEndpoints(3)
+	clientA := netip.MustParseAddr("10.0.0.1")
+	clientB := netip.MustParseAddr("10.0.0.2")
+
+	type step struct {
+		advance time.Duration
+		client  netip.Addr
+		sched   int // what the scheduler would answer
+		release int // release the template of the step with this index (-1 none), before picking
+		want    int
+		byTmpl  bool
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"a client sticks while the template lives, the scheduler is not asked", []step{
+			{0, clientA, 1, -1, 1, false},
+			{time.Second, clientA, 2, -1, 1, true},
+			{time.Second, clientB, 2, -1, 2, false},
+			{time.Second, clientA, 0, -1, 1, true},
+		}},
+		{"a template with live connections outlives T", []step{
+			{0, clientA, 1, -1, 1, false},
+			{5 * T, clientA, 2, -1, 1, true},
+		}},
+		{"released and idle for T after its last use: expired", []step{
+			{0, clientA, 1, -1, 1, false},
+			{T / 2, clientA, 1, 0, 1, true}, // the first connection ended; a second starts at T/2
+			{T, clientA, 2, 1, 2, false},    // the second ended just now, at 1.5T = T after the last use
+		}},
+		{"released but used again within T: kept", []step{
+			{0, clientA, 1, -1, 1, false},
+			{T - time.Nanosecond, clientA, 2, 0, 1, true},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newManualClock()
+			p := NewPersistence(PersistenceConfig{Timeout: T, Clock: clk})
+			tmpls := make([]*Template, len(tc.steps))
+			for i, s := range tc.steps {
+				clk.Advance(s.advance)
+				if s.release >= 0 {
+					tmpls[s.release].Release()
+				}
+				asked := false
+				got, tmpl, by := p.Pick(s.client, eps, func() int { asked = true; return s.sched })
+				if got != s.want || by != s.byTmpl || asked == by || tmpl == nil {
+					t.Fatalf("step %d: got %d byTemplate %v (scheduler asked %v, template %v), want %d %v", i, got, by, asked, tmpl != nil, s.want, s.byTmpl)
+				}
+				tmpls[i] = tmpl
+			}
+		})
+	}
+}
+
+// TestPersistenceTimerMultiples: a template used at 0 whose one connection
+// ends at 2.5T lives until 3T (the firings at T and 2T found it
+// controlling), not until 3.5T.
+func TestPersistenceTimerMultiples(t *testing.T) {
+	const T = 10 * time.Second
+	eps := testEndpoints(3)
+	client := netip.MustParseAddr("2001:db8::1")
+	clk := newManualClock()
+	p := NewPersistence(PersistenceConfig{Timeout: T, Clock: clk})
+	_, tmpl, _ := p.Pick(client, eps, func() int { return 2 })
+	clk.Advance(5 * T / 2)
+	tmpl.Release()
+	clk.Advance(T/2 - time.Nanosecond)
+	if i, _, by := p.Pick(client, eps, func() int { return 0 }); i != 2 || !by {
+		t.Fatalf("just before 3T: %d byTemplate %v, want 2 true", i, by)
+	}
+	// That pick re-armed the template for T from now and controls a
+	// connection again; release it and let T pass.
+	p.templates[client].Release()
+	clk.Advance(T)
+	if i, _, by := p.Pick(client, eps, func() int { return 0 }); i != 0 || by {
+		t.Fatalf("T after the last use with nothing controlled: %d byTemplate %v, want 0 false", i, by)
+	}
+}
+
+// TestPersistenceDestinationGone: a template whose destination left the
+// list is invalid (ip_vs_check_template); the scheduler picks again and
+// the old template's connections release harmlessly.
+func TestPersistenceDestinationGone(t *testing.T) {
+	clk := newManualClock()
+	p := NewPersistence(PersistenceConfig{Timeout: time.Minute, Clock: clk})
+	client := netip.MustParseAddr("10.1.1.1")
+	eps := testEndpoints(3)
+	_, old, _ := p.Pick(client, eps, func() int { return 1 })
+	shrunk := []Endpoint{eps[0], eps[2]}
+	i, tmpl, by := p.Pick(client, shrunk, func() int { return 1 })
+	if i != 1 || by || tmpl == old {
+		t.Fatalf("after the destination left: %d byTemplate %v (same template %v)", i, by, tmpl == old)
+	}
+	old.Release()
+	// The same destination moved to another index: the template follows.
+	moved := []Endpoint{eps[2], eps[0]}
+	if i, _, by := p.Pick(client, moved, func() int { return 1 }); i != 0 || !by {
+		t.Fatalf("after a reorder: %d byTemplate %v, want 0 true", i, by)
+	}
+	if i, tmpl, _ := p.Pick(client, nil, func() int { return -1 }); i != -1 || tmpl != nil {
+		t.Fatalf("no endpoints: %d %v", i, tmpl)
+	}
+}
+
+// TestPersistenceBounded: a full map schedules new clients without a
+// template until something expires.
+func TestPersistenceBounded(t *testing.T) {
+	clk := newManualClock()
+	p := NewPersistence(PersistenceConfig{Timeout: time.Second, MaxTemplates: 4, Clock: clk})
+	eps := testEndpoints(2)
+	var held []*Template
+	for i := range 6 {
+		c := netip.AddrFrom4([4]byte{10, 0, 0, byte(i)})
+		_, tmpl, _ := p.Pick(c, eps, func() int { return i % 2 })
+		if (tmpl == nil) != (i >= 4) {
+			t.Fatalf("client %d: template %v", i, tmpl != nil)
+		}
+		held = append(held, tmpl)
+	}
+	for _, tmpl := range held[:4] {
+		tmpl.Release()
+	}
+	clk.Advance(2 * time.Second) // past the hold-off and past T
+	if _, tmpl, _ := p.Pick(netip.MustParseAddr("10.0.1.1"), eps, func() int { return 0 }); tmpl == nil || p.Len() != 1 {
+		t.Fatalf("after expiry: template %v, %d held", tmpl != nil, p.Len())
+	}
+	if p.Sweep() != 0 {
+		t.Fatal("swept a live template")
+	}
+}

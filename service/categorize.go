@@ -58,6 +58,7 @@ func buildPorts(info *svcInfo, sl []*sliceInfo, node nodeInfo, sc *scratch) []*P
 				ClusterIPs:                 info.clusterIPs,
 				Port:                       ps.Port,
 				Affinity:                   info.affinity,
+				Scheduler:                  info.scheduler,
 				InternalTrafficPolicyLocal: info.itpLocal,
 			}
 			p.Endpoints, p.Topology, p.Verdict = categorize(eps, info.itpLocal, node)

@@ -29,9 +29,10 @@ type svcInfo struct {
 	// view's ports of a service with a ClusterIP).
 	ports []DNSPort
 	// skipped lists the whole service (when skip != "") or its skipped ports.
-	skipped  []Skipped
-	affinity Affinity
-	itpLocal bool
+	skipped   []Skipped
+	affinity  Affinity
+	itpLocal  bool
+	scheduler Scheduler
 	// dns is what cluster DNS publishes of the service, when hasDNS; for a
 	// headless service, the endpoints are added at build time from its
 	// slices (buildDNS). Kept by value: one allocation less per service.
@@ -42,7 +43,10 @@ type svcInfo struct {
 // newSvcInfo converts a Service, following kube-proxy's ShouldSkipService
 // (headless and ExternalName services are not proxied) and newBaseServiceInfo
 // (serviceport.go).
-func newSvcInfo(s *v1.Service) *svcInfo {
+//
+// checkScheduler, when set, checks the scheduler the Service's annotations
+// ask for (Config.CheckScheduler); a Service it refuses is skipped whole.
+func newSvcInfo(s *v1.Service, checkScheduler func(name, flags string) error) *svcInfo {
 	info := &svcInfo{name: ServiceName{s.Namespace, s.Name}}
 	skipAll := func(reason string) *svcInfo {
 		info.skip = reason
@@ -101,6 +105,12 @@ func newSvcInfo(s *v1.Service) *svcInfo {
 		}
 	}
 	info.itpLocal = s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
+	info.scheduler = Scheduler{Name: s.Annotations[AnnotationScheduler], Flags: s.Annotations[AnnotationSchedulerFlags]}
+	if info.scheduler != (Scheduler{}) && checkScheduler != nil {
+		if err := checkScheduler(info.scheduler.Name, info.scheduler.Flags); err != nil {
+			return skipAll(fmt.Sprintf("annotation %s: %v", AnnotationScheduler, err))
+		}
+	}
 
 	for _, sp := range s.Spec.Ports {
 		skipPort := func(reason string) {

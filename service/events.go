@@ -85,7 +85,7 @@ func (t *Tracker) setService(svc *v1.Service, remove bool) {
 	name := ServiceName{svc.Namespace, svc.Name}
 	var info *svcInfo
 	if !remove {
-		info = newSvcInfo(svc)
+		info = newSvcInfo(svc, t.checkScheduler)
 	}
 	now := t.clock.Now()
 	t.mu.Lock()

@@ -38,6 +38,11 @@ type Config struct {
 	// whose event or timer triggered the build, and must not call the
 	// Tracker's handlers (Current and Stats are fine).
 	OnSync func(t *Table, c Changes)
+	// CheckScheduler, if set, checks the scheduler a Service's annotations
+	// name (AnnotationScheduler, AnnotationSchedulerFlags); a Service it
+	// refuses is skipped, with the error as the reason. cmd sets it to
+	// balancer's ParseScheduler.
+	CheckScheduler func(name, flags string) error
 }
 
 // DefaultConfig returns a Config with kube-proxy's defaults.
@@ -63,7 +68,9 @@ type Tracker struct {
 	minSync time.Duration
 	clock   Clock
 	onSync  func(*Table, Changes)
-	start   time.Time
+	// checkScheduler is Config.CheckScheduler.
+	checkScheduler func(name, flags string) error
+	start          time.Time
 
 	current atomic.Pointer[Table]
 
@@ -127,6 +134,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		minSync:         cfg.MinSyncPeriod,
 		clock:           cfg.Clock,
 		onSync:          cfg.OnSync,
+		checkScheduler:  cfg.CheckScheduler,
 		start:           cfg.Clock.Now(),
 		services:        make(map[ServiceName]*svcState),
 		conflicts:       make(map[lookupKey][]*Port),

@@ -658,3 +658,49 @@ func TestTrackerParallelBuild(t *testing.T) {
 		t.Errorf("Len = %d", bulk.Current().Len())
 	}
 }
+
+// TestTrackerSchedulerAnnotation: the userproxy.io/scheduler annotations
+// reach every Port of the Service; a scheduler CheckScheduler refuses skips
+// the whole Service with the error as the reason; changing the annotation
+// is a changed port.
+func TestTrackerSchedulerAnnotation(t *testing.T) {
+	sched := func(name, flags string) func(*v1.Service) {
+		return func(s *v1.Service) {
+			s.Annotations = map[string]string{service.AnnotationScheduler: name, service.AnnotationSchedulerFlags: flags}
+		}
+	}
+	check := func(name, flags string) error {
+		if name != "mh" && name != "rr" {
+			return fmt.Errorf("scheduler %q: unknown", name)
+		}
+		return nil
+	}
+	var changed []service.PortName
+	tr := syncedTracker(t, service.Config{CheckScheduler: check, OnSync: func(_ *service.Table, c service.Changes) {
+		for _, p := range c.Ports {
+			changed = append(changed, p.Name)
+		}
+	}},
+		svc("ns1/mh", "10.96.0.5", ports(tcp("a", 80, intstr.FromInt32(80)), udp("b", 53, intstr.FromInt32(53))), sched("mh", "mh-port")),
+		svc("ns1/bad", "10.96.0.6", ports(tcp("a", 80, intstr.FromInt32(80))), sched("fastest", "")),
+		svc("ns1/plain", "10.96.0.7", ports(tcp("a", 80, intstr.FromInt32(80)))),
+	)
+	for _, p := range tr.Current().Service(service.ServiceName{Namespace: "ns1", Name: "mh"}) {
+		if p.Scheduler != (service.Scheduler{Name: "mh", Flags: "mh-port"}) {
+			t.Errorf("%v: scheduler %+v", p.Name, p.Scheduler)
+		}
+	}
+	if p := tr.Current().Service(service.ServiceName{Namespace: "ns1", Name: "plain"}); len(p) != 1 || p[0].Scheduler != (service.Scheduler{}) {
+		t.Errorf("plain: %+v", p)
+	}
+	want := []service.Skipped{{Service: service.ServiceName{Namespace: "ns1", Name: "bad"},
+		Reason: `annotation userproxy.io/scheduler: scheduler "fastest": unknown`}}
+	if diff := cmp.Diff(want, tr.Current().Skipped()); diff != "" {
+		t.Errorf("skipped (-want +got):\n%s", diff)
+	}
+	changed = nil
+	tr.OnServiceUpdate(nil, svc("ns1/plain", "10.96.0.7", ports(tcp("a", 80, intstr.FromInt32(80))), sched("rr", "")))
+	if want := []service.PortName{{Namespace: "ns1", Name: "plain", Port: "a"}}; !cmp.Equal(want, changed) {
+		t.Errorf("changes after annotating: %v, want %v", changed, want)
+	}
+}

@@ -164,6 +164,25 @@ type Affinity struct {
 	Timeout time.Duration
 }
 
+// Scheduler is the endpoint scheduler a Service asks for with its
+// annotations, as written there; the proxy parses it (balancer's
+// ParseScheduler) and the Tracker refuses, through Config.CheckScheduler,
+// a Service whose scheduler does not parse.
+type Scheduler struct {
+	// Name is the userproxy.io/scheduler annotation: "random" or one of
+	// IPVS's schedulers ("rr", "lc", "mh", ...); "" for the default.
+	Name string
+	// Flags is the userproxy.io/scheduler-flags annotation, in ipvsadm's
+	// -b syntax ("mh-port,mh-fallback"); "" for none.
+	Flags string
+}
+
+// The annotations a Service chooses its scheduler with.
+const (
+	AnnotationScheduler      = "userproxy.io/scheduler"
+	AnnotationSchedulerFlags = "userproxy.io/scheduler-flags"
+)
+
 // Session affinity limits, as the API server defaults and validates them.
 const (
 	DefaultAffinityTimeout = 10800 * time.Second
@@ -258,6 +277,9 @@ type Port struct {
 	Serving []netip.AddrPort
 	// Affinity is the session affinity of the service.
 	Affinity Affinity
+	// Scheduler is what the service's annotations ask for; the zero value
+	// means the proxy's default (--scheduler).
+	Scheduler Scheduler
 	// InternalTrafficPolicyLocal is true for internalTrafficPolicy: Local.
 	InternalTrafficPolicyLocal bool
 	// Topology is the topology mode used to pick Endpoints: "",
@@ -270,7 +292,7 @@ type Port struct {
 
 func (p *Port) equal(o *Port) bool {
 	if p.Name != o.Name || p.Protocol != o.Protocol || p.Family != o.Family ||
-		p.ClusterIP != o.ClusterIP || p.Port != o.Port || p.Affinity != o.Affinity ||
+		p.ClusterIP != o.ClusterIP || p.Port != o.Port || p.Affinity != o.Affinity || p.Scheduler != o.Scheduler ||
 		p.InternalTrafficPolicyLocal != o.InternalTrafficPolicyLocal ||
 		p.Topology != o.Topology || p.Verdict != o.Verdict ||
 		len(p.Endpoints) != len(o.Endpoints) || len(p.ClusterIPs) != len(o.ClusterIPs) ||

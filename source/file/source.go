@@ -13,6 +13,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/userproxy/userproxy/service"
 )
@@ -54,6 +55,15 @@ func WithDebounce(d time.Duration) Option { return func(s *Source) { s.debounce 
 // (polling only).
 func WithFSNotify(on bool) Option { return func(s *Source) { s.notify = on } }
 
+// WithServiceCheck adds a check that every Service must pass, beyond
+// service.ValidateService: cmd checks the userproxy.io/scheduler annotation
+// with it (the scheduler names live in balancer, which source must not
+// import). A Service that fails it fails the load, naming the file, the
+// document and the Service.
+func WithServiceCheck(check func(*v1.Service) error) Option {
+	return func(s *Source) { s.checkSvc = check }
+}
+
 // Source reads Services and EndpointSlices from a file or a directory and
 // delivers them to a service.Handler. All methods are safe for concurrent
 // use; loads are serialized, and the handler is called from the goroutine
@@ -66,6 +76,7 @@ type Source struct {
 	poll     time.Duration
 	debounce time.Duration
 	notify   bool
+	checkSvc func(*v1.Service) error
 
 	mu      sync.Mutex
 	loaded  bool
@@ -238,6 +249,12 @@ func (s *Source) read() (map[string]object, int, [sha256.Size]byte, error) {
 			continue
 		}
 		for _, o := range got {
+			if o.svc != nil && s.checkSvc != nil {
+				if err := s.checkSvc(o.svc); err != nil {
+					decodeErr = fmt.Errorf("%s: %s: %w", o.where, o.key, err)
+					break
+				}
+			}
 			if prev, dup := objs[o.key]; dup {
 				decodeErr = fmt.Errorf("%s: %s is defined twice (first in %s)", o.where, o.key, prev.where)
 				break

@@ -941,3 +941,41 @@ func TestLoadEmpty(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceCheckRefusesLoad: a Service that WithServiceCheck refuses
+// fails the load, naming the file, the document and the Service; on a
+// reload, the last good state stays.
+func TestServiceCheckRefusesLoad(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "svc.yaml")
+	check := func(s *v1.Service) error {
+		if v := s.Annotations["userproxy.io/scheduler"]; v != "" && v != "rr" {
+			return fmt.Errorf("scheduler %q: unknown", v)
+		}
+		return nil
+	}
+	annotated := func(sched string) string {
+		return strings.Replace(kubectlList, "    annotations:\n", "    annotations:\n      userproxy.io/scheduler: "+sched+"\n", 1)
+	}
+	write(t, path, annotated("rr"))
+	if !strings.Contains(annotated("rr"), "userproxy.io/scheduler: rr") {
+		t.Fatal("the fixture did not take the annotation")
+	}
+	rec, tr := newRecorder(), tracker(t)
+	src := file.New(path, tee{rec, tr}, nil, file.WithServiceCheck(check))
+	if err := src.Load(); err != nil {
+		t.Fatal(err)
+	}
+	rec.take()
+	write(t, path, annotated("fastest"))
+	err := src.Load()
+	if err == nil || !strings.Contains(err.Error(), path+": document 1") || !strings.Contains(err.Error(), "Service ns1/web") ||
+		!strings.Contains(err.Error(), `scheduler "fastest": unknown`) {
+		t.Fatalf("reload error: %v", err)
+	}
+	if got := rec.take(); len(got) != 0 {
+		t.Errorf("a refused reload delivered %v", got)
+	}
+	if _, v := tr.Current().Lookup(service.TCP, netip.MustParseAddr("10.96.0.10"), 80); v != service.Forward {
+		t.Errorf("the last good table is gone: %v", v)
+	}
+}

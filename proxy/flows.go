@@ -31,6 +31,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/userproxy/userproxy/balancer"
 	"github.com/userproxy/userproxy/conntrack"
 )
 
@@ -43,6 +44,10 @@ type flow struct {
 	tcp bool
 	// queued is set when the flow is handed to the reaper, at most once.
 	queued atomic.Bool
+	// dest and tmpl count the flow for its endpoint's scheduler (sched.go),
+	// when Counter is set.
+	dest *dest
+	tmpl *balancer.Template
 
 	mu sync.Mutex
 	// end ends the flow: a RST to both peers (TCP), or both sockets closed
@@ -94,7 +99,13 @@ func (p *Proxy) track(f *flow) bool {
 	p.flows.mu.Lock()
 	p.flows.live[f] = struct{}{}
 	p.flows.mu.Unlock()
-	return p.ct.Bind(f.tuple, &f.Binding)
+	if !p.ct.Bind(f.tuple, &f.Binding) {
+		if f.Counter != nil {
+			f.Removed(false) // never bound: the count is still ours
+		}
+		return false
+	}
+	return true
 }
 
 // untrack forgets f, which ended (step 4).
@@ -112,7 +123,16 @@ func (p *Proxy) untrack(f *flow) {
 // blocks and never touches a connection.
 func (p *Proxy) OnConntrackRemove(info conntrack.EntryInfo, _ conntrack.RemoveReason) {
 	f, ok := info.Owner.(*flow)
-	if !ok || !f.queued.CompareAndSwap(false, true) {
+	if !ok {
+		return
+	}
+	if d := f.dest; d != nil {
+		for dir := range d.packets {
+			d.packets[dir].Add(info.Packets[dir])
+			d.bytes[dir].Add(info.Bytes[dir])
+		}
+	}
+	if !f.queued.CompareAndSwap(false, true) {
 		return
 	}
 	p.flows.mu.Lock()

@@ -65,6 +65,10 @@ type Config struct {
 	Dialer Dialer
 	// Rand is the lottery's random source; nil means balancer.RuntimeSource.
 	Rand balancer.Source
+	// Scheduler is the scheduler of service ports whose Service names none
+	// (--scheduler); the zero value is "random", kube-proxy's iptables
+	// lottery.
+	Scheduler balancer.SchedulerConfig
 	// Clock for affinity; nil means the conntrack clock when the proxy
 	// ticks its own, else the system clock.
 	Clock balancer.Clock
@@ -80,9 +84,9 @@ type Proxy struct {
 	lottery *balancer.Lottery
 	logger  *zap.Logger
 
-	table   atomic.Pointer[service.Table]
-	pickers atomic.Pointer[map[pickerKey]*balancer.Picker]
-	syncMu  sync.Mutex // serializes SetTable
+	table  atomic.Pointer[service.Table]
+	states atomic.Pointer[map[pickerKey]*portState] // sched.go
+	syncMu sync.Mutex                               // serializes SetTable
 
 	coarse  *conntrack.CoarseClock // the conntrack clock Run ticks; nil if injected
 	flows   *flowSet
@@ -96,6 +100,11 @@ type Proxy struct {
 	// (copy-on-write; see SetLocal).
 	locals  atomic.Pointer[map[netip.AddrPort]LocalHandler]
 	closing atomic.Bool
+
+	// The ipvsadm --rate estimator (ipvs.go): estMu guards every dest's
+	// estimator; estUntil is when it stops sampling (Unix nanoseconds).
+	estMu    sync.Mutex
+	estUntil atomic.Int64
 }
 
 var _ netstack.FlowHandler = (*Proxy)(nil)
@@ -140,6 +149,9 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
+	if cfg.Scheduler.Name == "" {
+		cfg.Scheduler.Name = "random"
+	}
 	p := &Proxy{lottery: balancer.NewLottery(64), logger: cfg.Logger, flows: newFlowSet()}
 	ctc := cfg.Conntrack
 	if ctc.HashSeed == 0 {
@@ -168,8 +180,8 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	p.cfg, p.ct, p.defrag = cfg, ct, defrag
-	empty := map[pickerKey]*balancer.Picker{}
-	p.pickers.Store(&empty)
+	empty := map[pickerKey]*portState{}
+	p.states.Store(&empty)
 	return p, nil
 }
 
@@ -189,23 +201,23 @@ func (p *Proxy) Table() *service.Table { return p.table.Load() }
 func (p *Proxy) SetTable(t *service.Table, changes service.Changes) {
 	p.syncMu.Lock()
 	defer p.syncMu.Unlock()
-	old := *p.pickers.Load()
-	next := make(map[pickerKey]*balancer.Picker, len(old))
+	old := *p.states.Load()
+	next := make(map[pickerKey]*portState, len(old))
 	for _, port := range t.Ports() {
 		k := keyOf(port)
-		if pk := old[k]; pk != nil && sameAffinity(pk, port) {
-			next[k] = pk
+		if s := old[k]; s != nil && s.port == port {
+			next[k] = s // unchanged
 			continue
 		}
-		next[k] = p.newPicker(port)
+		next[k] = p.newPortState(port, old[k])
 	}
-	p.pickers.Store(&next)
+	p.states.Store(&next)
 	p.table.Store(t)
 
 	ended := 0
 	for _, c := range changes.Ports {
-		if pk := next[pickerKey{c.Name, c.Protocol, c.Family}]; pk != nil && pk.Affinity() != nil && c.New != nil {
-			pk.Affinity().Retain(c.New.EndpointKeys)
+		if s := next[pickerKey{c.Name, c.Protocol, c.Family}]; s != nil && s.picker != nil && s.picker.Affinity() != nil && c.New != nil {
+			s.picker.Affinity().Retain(c.New.EndpointKeys)
 		}
 		// UDP flows to endpoints that stopped serving end, so that their
 		// next datagram picks a live endpoint; flows to endpoints that
@@ -223,22 +235,6 @@ func (p *Proxy) SetTable(t *service.Table, changes service.Changes) {
 	if ended > 0 {
 		p.awaitReaped(time.Second)
 	}
-}
-
-func sameAffinity(pk *balancer.Picker, port *service.Port) bool {
-	a := pk.Affinity()
-	if !port.Affinity.ClientIP {
-		return a == nil
-	}
-	return a != nil && a.Timeout() == port.Affinity.Timeout
-}
-
-func (p *Proxy) newPicker(port *service.Port) *balancer.Picker {
-	var aff *balancer.Affinity
-	if port.Affinity.ClientIP {
-		aff = balancer.NewAffinity(balancer.AffinityConfig{Timeout: port.Affinity.Timeout, ListSize: p.cfg.AffinityListSize, Clock: p.cfg.Clock})
-	}
-	return balancer.NewPicker(p.lottery, p.cfg.Rand, aff)
 }
 
 // Admit is the gate's admission function (step 1).
@@ -276,24 +272,26 @@ func (p *Proxy) Admit(flow conntrack.Tuple) netstack.Decision {
 
 // route finds the endpoint for a flow admitted earlier (step 2): the table
 // is looked up again because it may have changed since the SYN was admitted.
-func (p *Proxy) route(proto service.Protocol, flow conntrack.Tuple) (*service.Port, int, bool, service.Verdict) {
+// The pick counts the flow for its endpoint (sched.go): the caller hands it
+// to the flow's record (flow.count) or, if the flow never gets that far,
+// releases it. A nil pick.port comes with the verdict that refused it.
+func (p *Proxy) route(proto service.Protocol, flow conntrack.Tuple) (pick, service.Verdict) {
 	t := p.table.Load()
 	if t == nil {
-		return nil, -1, false, service.NotService
+		return pick{index: -1}, service.NotService
 	}
 	port, v := t.Lookup(proto, flow.DstAddr(), flow.DstPort())
 	if v != service.Forward {
-		return nil, -1, false, v
+		return pick{index: -1}, v
 	}
-	pk := (*p.pickers.Load())[keyOf(port)]
-	if pk == nil { // a table swap in progress: a stateless picker
-		pk = balancer.NewPicker(p.lottery, p.cfg.Rand, nil)
+	pk := p.choose((*p.states.Load())[keyOf(port)], port, flow)
+	if pk.index < 0 {
+		return pick{index: -1}, service.NoEndpoints
 	}
-	i, byAffinity := pk.Pick(port.EndpointKeys, flow.SrcAddr())
-	if byAffinity {
+	if pk.byAffinity {
 		p.stats.affinityHits.Add(1)
 	}
-	return port, i, byAffinity, v
+	return pk, v
 }
 
 // Run drives the conntrack clock (when the proxy owns it), expiry, the
@@ -320,6 +318,8 @@ func (p *Proxy) Run(ctx context.Context) {
 			p.poller.CompareAndSwap(rp, nil)
 		}()
 	})
+	wg.Add(1)
+	go func() { defer wg.Done(); p.estimate(ctx) }()
 	p.reap(ctx, p.cfg.SweepInterval)
 	wg.Wait()
 }

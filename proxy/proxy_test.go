@@ -128,16 +128,17 @@ func TestSetTableKeepsAffinityOfSurvivors(t *testing.T) {
 	tr.OnEndpointSliceAdd(slice("web", "web-1", v1.ProtocolTCP, 8080, "", "10.0.0.1", "10.0.0.2"))
 	tr.OnSynced()
 	flow := conntrack.MakeTuple(conntrack.TCP, netip.MustParseAddrPort("192.0.2.1:5000"), netip.MustParseAddrPort("10.96.0.1:80"))
-	port, first, _, _ := p.route(service.TCP, flow)
+	pk, _ := p.route(service.TCP, flow)
+	port, first := pk.port, pk.index
 	if port == nil {
 		t.Fatal("no route")
 	}
-	if _, again, by, _ := p.route(service.TCP, flow); again != first || !by {
-		t.Fatalf("second pick %d (affinity %v), want %d by affinity", again, by, first)
+	if again, _ := p.route(service.TCP, flow); again.index != first || !again.byAffinity {
+		t.Fatalf("second pick %d (affinity %v), want %d by affinity", again.index, again.byAffinity, first)
 	}
 	// Another service changes: web's picker, and its lists, survive.
 	tr.OnServiceAdd(svc("other", "10.96.0.2", v1.ProtocolTCP, 80))
-	if _, again, by, _ := p.route(service.TCP, flow); again != first || !by {
+	if again, _ := p.route(service.TCP, flow); again.index != first || !again.byAffinity {
 		t.Fatal("affinity lost when another service changed")
 	}
 	// The client's endpoint leaves and comes back: its list is gone.
@@ -145,8 +146,8 @@ func TestSetTableKeepsAffinityOfSurvivors(t *testing.T) {
 	kept := netip.MustParseAddrPort(keys[1-first]).Addr().String()
 	tr.OnEndpointSliceUpdate(nil, slice("web", "web-1", v1.ProtocolTCP, 8080, "", kept))
 	tr.OnEndpointSliceUpdate(nil, slice("web", "web-1", v1.ProtocolTCP, 8080, "", "10.0.0.1", "10.0.0.2"))
-	pk := (*p.pickers.Load())[keyOf(port)]
-	if got := pk.Affinity().Clients(keys[first]); len(got) != 0 {
+	st := (*p.states.Load())[keyOf(port)]
+	if got := st.picker.Affinity().Clients(keys[first]); len(got) != 0 {
 		t.Fatalf("list of the endpoint that left still holds %v", got)
 	}
 }

@@ -34,7 +34,8 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 		r.Refuse()
 		return
 	}
-	port, i, _, v := p.route(service.TCP, tuple) // 1
+	pk, v := p.route(service.TCP, tuple) // 1
+	port := pk.port
 	if port == nil {
 		if h := p.localFor(p.table.Load(), r.Service()); h != nil {
 			p.serveLocalTCP(r, h)
@@ -47,7 +48,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 		}
 		return
 	}
-	endpoint := port.Endpoints[i].Addr
+	endpoint := port.Endpoints[pk.index].Addr
 
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.DialTimeout) // 2
 	start := time.Now()
@@ -55,6 +56,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 	cancel()
 	p.stats.observeDial(time.Since(start))
 	if err != nil {
+		pk.release()
 		p.stats.count(conntrack.TCP, ResultDialFailed)
 		r.Refuse()
 		if ce := p.logger.Check(zap.DebugLevel, "endpoint dial failed"); ce != nil {
@@ -65,6 +67,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 
 	client, err := r.Accept() // 3
 	if err != nil {
+		pk.release()
 		_ = backend.Close()
 		return
 	}
@@ -72,6 +75,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 
 	s := &splice{client: client, backend: backend, proxy: p}
 	f := newFlow(tuple, true, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, func(bool) { s.abort() }) // 4
+	f.count(pk)
 	defer p.untrack(f)
 	if !p.track(f) {
 		s.abort()

@@ -59,7 +59,8 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		refuse()
 		return
 	}
-	port, i, _, _ := p.route(service.UDP, tuple) // 1
+	pk, _ := p.route(service.UDP, tuple) // 1
+	port := pk.port
 	var local LocalHandler
 	if port == nil {
 		if local = p.localFor(p.table.Load(), r.Service()); local == nil {
@@ -68,6 +69,7 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		}
 	}
 	if p.udpSessions.Add(1) > int64(p.cfg.MaxUDPSessions) {
+		pk.release()
 		p.udpSessions.Add(-1)
 		p.stats.count(conntrack.UDP, ResultTableFull)
 		refuse()
@@ -79,10 +81,11 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		p.serveLocalUDP(r, local)
 		return
 	}
-	endpoint := port.Endpoints[i].Addr
+	endpoint := port.Endpoints[pk.index].Addr
 
 	backend, err := p.cfg.Dialer.DialContext(r.Context(), "udp", endpoint.String()) // 2
 	if err != nil {
+		pk.release()
 		p.udpSessions.Add(-1)
 		p.stats.count(conntrack.UDP, ResultDialFailed)
 		refuse()
@@ -92,6 +95,7 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 
 	u := &udpFlow{p: p, r: r, backend: backend}
 	u.flow = newFlow(tuple, false, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, u.finish)
+	u.flow.count(pk)
 	if !p.track(u.flow) { // 3
 		u.finish(true) // the entry went meanwhile: a later datagram starts afresh
 		return

@@ -63,6 +63,8 @@ func TestBadArgumentsAreRefused(t *testing.T) {
 		{"run", "--config", "a.yaml", "--service-cidr", "nonsense"},
 		{"run", "--config", "a.yaml", "--tun-name", "a-name-longer-than-15"},
 		{"run", "--config", "a.yaml", "--dial-timeout", "0s"},
+		{"run", "--config", "a.yaml", "--scheduler", "fastest"},
+		{"run", "--config", "a.yaml", "--scheduler", "rr", "--scheduler-flags", "mh-port"},
 		{"run", "--config", "a.yaml", "extra"},
 		{"setup"},
 		{"conntrack"},

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/userproxy/userproxy/balancer"
 	"github.com/userproxy/userproxy/conntrack"
@@ -59,6 +60,9 @@ type runFlags struct {
 	ctUDP, ctUDPStream time.Duration
 	ctLiberal          bool
 	affinityListSize   int
+	scheduler          string
+	schedulerFlags     string
+	sched              balancer.SchedulerConfig // parsed by validate
 	dialTimeout        time.Duration
 	maxInFlight        int
 	maxInFlightClient  int
@@ -89,6 +93,8 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.ctUDPStream, "conntrack-udp-timeout-stream", def.UDPStream, "timeout of UDP flows that saw replies")
 	fs.BoolVar(&f.ctLiberal, "conntrack-tcp-be-liberal", false, "accept out-of-window TCP segments (only out-of-window RSTs stay INVALID)")
 	fs.IntVar(&f.affinityListSize, "affinity-list-size", balancer.DefaultListSize, "clients per endpoint in ClientIP affinity lists (xt_recent ip_list_tot)")
+	fs.StringVar(&f.scheduler, "scheduler", "random", "endpoint scheduler of Services without a "+service.AnnotationScheduler+" annotation: random (kube-proxy's iptables lottery) or an IPVS scheduler: rr, wrr, lc, wlc, sed, nq, sh, dh, mh")
+	fs.StringVar(&f.schedulerFlags, "scheduler-flags", "", "flags of --scheduler, as ipvsadm -b takes them (sh-port, sh-fallback, mh-port, mh-fallback, flag-N; comma-separated)")
 	fs.DurationVar(&f.dialTimeout, "dial-timeout", 5*time.Second, "timeout of a connection to an endpoint")
 	fs.IntVar(&f.maxInFlight, "max-inflight", 1024, "TCP handshakes waiting for their endpoint at once; further SYNs are dropped (counted)")
 	fs.IntVar(&f.maxInFlightClient, "max-inflight-per-client", 128, "one client address's share of --max-inflight")
@@ -122,7 +128,32 @@ func (f *runFlags) validate() error {
 	case f.maxInFlight <= 0 || f.maxInFlightClient <= 0 || f.maxUDPSessions <= 0 || f.handshakeTimeout <= 0:
 		return errors.New("--max-inflight, --max-inflight-per-client, --max-udp-sessions and --handshake-timeout must be positive")
 	}
+	sched, err := balancer.ParseScheduler(f.scheduler, f.schedulerFlags)
+	if err != nil {
+		return fmt.Errorf("--scheduler: %w", err)
+	}
+	f.sched = sched
 	return f.dns.validate(f.serviceCIDRs.values)
+}
+
+// checkScheduler refuses a scheduler name or flags balancer does not know
+// (service.Config.CheckScheduler).
+func checkScheduler(name, flags string) error {
+	_, err := balancer.ParseScheduler(name, flags)
+	return err
+}
+
+// checkServiceScheduler refuses a Service whose scheduler annotations do
+// not parse (file.WithServiceCheck): a bad file fails its load.
+func checkServiceScheduler(s *v1.Service) error {
+	name, flags := s.Annotations[service.AnnotationScheduler], s.Annotations[service.AnnotationSchedulerFlags]
+	if name == "" && flags == "" {
+		return nil
+	}
+	if err := checkScheduler(name, flags); err != nil {
+		return fmt.Errorf("metadata.annotations[%s]: %w", service.AnnotationScheduler, err)
+	}
+	return nil
 }
 
 // objectSource is what run needs of a source.
@@ -166,7 +197,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	px, err := proxy.New(proxy.Config{
 		Conntrack:   conntrack.Config{Max: max, Timeouts: timeouts, Liberal: f.ctLiberal},
 		DialTimeout: f.dialTimeout, AffinityListSize: f.affinityListSize,
-		MaxUDPSessions: f.maxUDPSessions, Logger: logger.Named("proxy")})
+		MaxUDPSessions: f.maxUDPSessions, Scheduler: f.sched, Logger: logger.Named("proxy")})
 	if err != nil {
 		return err
 	}
@@ -180,6 +211,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	steppedAside := stepAsideLogger(f, logger)
 	tracker, err := service.NewTracker(service.Config{
 		NodeName: f.nodeName, Zone: f.zone, MinSyncPeriod: f.minSyncPeriod,
+		CheckScheduler: checkScheduler,
 		OnSync: func(t *service.Table, c service.Changes) {
 			px.SetTable(t, c)
 			steppedAside(t)
@@ -265,7 +297,7 @@ const shutdownGrace = 3 * time.Second
 
 func newSource(f *runFlags, h service.Handler, logger *zap.Logger) (objectSource, error) {
 	if f.config != "" {
-		s := file.New(f.config, h, logger.Named("file"))
+		s := file.New(f.config, h, logger.Named("file"), file.WithServiceCheck(checkServiceScheduler))
 		if err := s.Load(); err != nil {
 			return nil, err
 		}

@@ -5,6 +5,11 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/userproxy/userproxy/service"
 )
 
 // --handshake-timeout runs from the client's SYN, the endpoint dial within
@@ -26,5 +31,25 @@ func TestHandshakeTimeoutHelpSaysSYN(t *testing.T) {
 	}
 	if strings.Contains(fl.Usage, "once the endpoint was dialled") {
 		t.Errorf("--handshake-timeout help %q says the time starts after the dial", fl.Usage)
+	}
+}
+
+// TestCheckServiceScheduler: a file Service naming an unknown scheduler, or
+// flags its scheduler does not take, is refused with the annotation named.
+func TestCheckServiceScheduler(t *testing.T) {
+	for _, tc := range []struct {
+		ann  map[string]string
+		fail bool
+	}{
+		{nil, false},
+		{map[string]string{service.AnnotationScheduler: "mh", service.AnnotationSchedulerFlags: "mh-port"}, false},
+		{map[string]string{service.AnnotationScheduler: "fastest"}, true},
+		{map[string]string{service.AnnotationScheduler: "rr", service.AnnotationSchedulerFlags: "sh-port"}, true},
+	} {
+		s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Annotations: tc.ann}}
+		err := checkServiceScheduler(s)
+		if (err != nil) != tc.fail || (err != nil && !strings.Contains(err.Error(), "metadata.annotations[userproxy.io/scheduler]")) {
+			t.Errorf("%v: %v", tc.ann, err)
+		}
 	}
 }

@@ -28,6 +28,8 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"strconv"
 
@@ -192,4 +194,35 @@ func appendProxyV2(b []byte, proto service.Protocol, sa, da netip.Addr, sp, dp u
 		b = append(b, d[:]...)
 	}
 	return append(b, byte(sp>>8), byte(sp), byte(dp>>8), byte(dp))
+}
+
+// writeProxyHeader writes the version v header for the flow to conn, the
+// endpoint connection, in one Write, before any of the client's bytes: the
+// spec asks that the header leave at once, and every header fits in one
+// segment. It sets no deadline of its own; the caller's deadline on conn
+// bounds it, and a timeout comes back wrapped, so errors.Is(err,
+// os.ErrDeadlineExceeded) and net.Error's Timeout still see it. Errors name
+// the version and the endpoint; a flow AppendProxyHeader refuses writes
+// nothing. ProxyProtocolNone writes nothing. It is for stream connections:
+// on UDP a header written alone would be a datagram of its own, so the UDP
+// relay must put AppendProxyHeader's bytes in front of a datagram's payload
+// instead. The buffer escapes through the interface call: one small
+// allocation per endpoint connection, none per byte spliced.
+func writeProxyHeader(conn net.Conn, v ProxyProtocol, proto service.Protocol, src, dst netip.AddrPort) error {
+	if v == ProxyProtocolNone {
+		return nil
+	}
+	var buf [proxyHeaderMax]byte
+	hdr, err := AppendProxyHeader(buf[:0], v, proto, src, dst)
+	if err != nil {
+		return fmt.Errorf("proxy protocol %v header to %v: %w", v, conn.RemoteAddr(), err)
+	}
+	n, err := conn.Write(hdr)
+	if err == nil && n != len(hdr) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		return fmt.Errorf("proxy protocol %v header to %v: wrote %d of %d bytes: %w", v, conn.RemoteAddr(), n, len(hdr), err)
+	}
+	return nil
 }

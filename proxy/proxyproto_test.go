@@ -1,17 +1,21 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/userproxy/userproxy/service"
 )
@@ -231,6 +235,40 @@ func ppParseV2(b []byte) (ppHeader, error) {
 	h.dst = netip.AddrPortFrom(da, binary.BigEndian.Uint16(block[2*size+2:]))
 	h.tlvs = len(block) - (2*size + 4)
 	return h, nil
+}
+
+// ppRead reads one header from a stream as a receiver does, no byte past
+// it: 16 bytes decide the version (every header here is longer); a v2
+// header then says its length, a v1 line ends at CRLF within 107 bytes.
+func ppRead(r *bufio.Reader) (ppHeader, error) {
+	first, err := r.Peek(16)
+	if err != nil {
+		return ppHeader{}, fmt.Errorf("reading the header: %w", err)
+	}
+	var raw []byte
+	if bytes.Equal(first[:12], ppSignature) {
+		raw = make([]byte, 16)
+		if _, err := io.ReadFull(r, raw); err != nil {
+			return ppHeader{}, err
+		}
+		raw = append(raw, make([]byte, binary.BigEndian.Uint16(raw[14:]))...)
+		if _, err := io.ReadFull(r, raw[16:]); err != nil {
+			return ppHeader{}, err
+		}
+	} else {
+		for len(raw) < 107 && !bytes.HasSuffix(raw, []byte("\r\n")) {
+			c, err := r.ReadByte()
+			if err != nil {
+				return ppHeader{}, err
+			}
+			raw = append(raw, c)
+		}
+	}
+	h, err := ppParse(raw)
+	if err == nil && h.length != len(raw) {
+		err = fmt.Errorf("header of %d bytes in %d read", h.length, len(raw))
+	}
+	return h, err
 }
 
 // ppWant is the header a receiver should read for a flow the encoder
@@ -564,6 +602,175 @@ func TestProxyHeaderAllocs(t *testing.T) {
 			t.Errorf("%s: %v allocations per header, want 0", c.name, allocs)
 		}
 	}
+}
+
+// ppRead's answer for one connection.
+type ppResult struct {
+	h   ppHeader
+	err error
+}
+
+// ppEchoServer is the shape the datapath test will take: an endpoint on
+// 127.0.0.1 that reads the PROXY header from each connection and reports
+// it; after a good header it echoes the rest of the stream, after a bad one
+// it closes the connection, as the spec asks a receiver to.
+func ppEchoServer(t *testing.T) (addr string, headers <-chan ppResult) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan ppResult, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			r := bufio.NewReader(c)
+			h, err := ppRead(r)
+			ch <- ppResult{h, err}
+			if err == nil {
+				_, _ = io.Copy(c, r)
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return ln.Addr().String(), ch
+}
+
+// A real socket: writeProxyHeader's bytes, then the client's, reach an
+// endpoint that reads the header as a receiver does and echoes the rest.
+func TestProxyHeaderOverSocket(t *testing.T) {
+	addr, headers := ppEchoServer(t)
+	for _, c := range proxyCases {
+		if c.proto != service.TCP {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if err := writeProxyHeader(conn, c.v, c.proto, ap(c.src), ap(c.dst)); err != nil {
+				t.Fatal(err)
+			}
+			payload := "GET / HTTP/1.1\r\n\r\n"
+			if _, err := io.WriteString(conn, payload); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			var got ppResult
+			select {
+			case got = <-headers:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the endpoint reported no header")
+			}
+			if got.err != nil {
+				t.Fatalf("endpoint: %v", got.err)
+			}
+			want := ppWant(c.v, c.proto, ap(c.src), ap(c.dst))
+			want.length = got.h.length
+			if got.h != want {
+				t.Errorf("endpoint read %+v, want %+v", got.h, want)
+			}
+			echo, err := io.ReadAll(conn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(echo) != payload {
+				t.Errorf("echo %q, want %q: the header and the payload ran together", echo, payload)
+			}
+		})
+	}
+}
+
+// recordConn is a net.Conn that records each Write; short makes a Write
+// report one byte fewer than it was given, without an error.
+type recordConn struct {
+	net.Conn
+	writes [][]byte
+	short  bool
+}
+
+func (c *recordConn) Write(b []byte) (int, error) {
+	c.writes = append(c.writes, bytes.Clone(b))
+	if c.short {
+		return len(b) - 1, nil
+	}
+	return len(b), nil
+}
+
+func (c *recordConn) RemoteAddr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(10, 0, 0, 9), Port: 8080}
+}
+
+func TestWriteProxyHeader(t *testing.T) {
+	src, dst := ap("192.168.0.1:56324"), ap("10.96.0.10:443")
+	t.Run("one write", func(t *testing.T) {
+		for _, v := range []ProxyProtocol{ProxyProtocolV1, ProxyProtocolV2} {
+			c := &recordConn{}
+			if err := writeProxyHeader(c, v, service.TCP, src, dst); err != nil {
+				t.Fatal(err)
+			}
+			want, _ := AppendProxyHeader(nil, v, service.TCP, src, dst)
+			if len(c.writes) != 1 || !bytes.Equal(c.writes[0], want) {
+				t.Errorf("%v: writes %q, want one write of %q", v, c.writes, want)
+			}
+		}
+	})
+	t.Run("none writes nothing", func(t *testing.T) {
+		c := &recordConn{}
+		if err := writeProxyHeader(c, ProxyProtocolNone, service.TCP, src, dst); err != nil || len(c.writes) != 0 {
+			t.Errorf("err %v, writes %q; want none", err, c.writes)
+		}
+	})
+	t.Run("refused flow writes nothing", func(t *testing.T) {
+		c := &recordConn{}
+		err := writeProxyHeader(c, ProxyProtocolV1, service.UDP, src, dst)
+		if !errors.Is(err, ErrProxyHeader) || len(c.writes) != 0 {
+			t.Errorf("err %v, writes %q; want ErrProxyHeader and no write", err, c.writes)
+		}
+		if !strings.Contains(err.Error(), "10.0.0.9:8080") {
+			t.Errorf("%q does not name the endpoint", err)
+		}
+	})
+	t.Run("short write", func(t *testing.T) {
+		err := writeProxyHeader(&recordConn{short: true}, ProxyProtocolV2, service.TCP, src, dst)
+		if !errors.Is(err, io.ErrShortWrite) {
+			t.Errorf("err %v, want io.ErrShortWrite", err)
+		}
+	})
+	t.Run("deadline", func(t *testing.T) {
+		a, b := net.Pipe() // nobody reads b: the Write blocks until the deadline
+		defer a.Close()
+		defer b.Close()
+		if err := a.SetWriteDeadline(time.Now().Add(20 * time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		err := writeProxyHeader(a, ProxyProtocolV2, service.TCP, src, dst)
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("err %v, want os.ErrDeadlineExceeded", err)
+		}
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("err %v is not a net.Error timeout", err)
+		}
+		for _, part := range []string{"v2", "pipe", "wrote 0 of 28 bytes"} {
+			if !strings.Contains(err.Error(), part) {
+				t.Errorf("%q does not say %q", err, part)
+			}
+		}
+	})
 }
 
 // FuzzProxyHeaderRoundTrip: any flow the encoder accepts, the test

@@ -85,7 +85,9 @@ func (p *Proxy) IPVS() []VirtualService {
 			d := s.dests[e.Addr]
 			active, inactive := d.conns.Load()
 			st := totals[d]
-			d.est.read(&st)
+			if e := p.est[d]; e != nil {
+				e.read(&st)
+			}
 			vs.Dests = append(vs.Dests, Destination{Addr: e.Addr, Weight: e.Weight, ActiveConn: active, InActConn: inactive, Stats: st})
 			vs.Stats.add(&st)
 		}
@@ -203,13 +205,23 @@ func (p *Proxy) estimate(ctx context.Context) { // ipvsadm rate estimator
 			return
 		case now := <-tick.C:
 			if now.UnixNano() > p.estUntil.Load() {
+				p.estMu.Lock()
+				p.est = nil // started afresh when next wanted
+				p.estMu.Unlock()
 				continue
 			}
 			totals := p.destTotals()
 			p.estMu.Lock()
+			next := make(map[*dest]*estimator, len(totals))
 			for d, t := range totals {
-				d.est.sample(&t)
+				e := p.est[d]
+				if e == nil {
+					e = &estimator{}
+				}
+				e.sample(&t)
+				next[d] = e
 			}
+			p.est = next
 			p.estMu.Unlock()
 		}
 	}

@@ -101,9 +101,11 @@ type Proxy struct {
 	locals  atomic.Pointer[map[netip.AddrPort]LocalHandler]
 	closing atomic.Bool
 
-	// The ipvsadm --rate estimator (ipvs.go): estMu guards every dest's
-	// estimator; estUntil is when it stops sampling (Unix nanoseconds).
+	// The ipvsadm --rate estimator (ipvs.go): est holds the estimate of
+	// each dest while it runs, under estMu; estUntil is when it stops
+	// sampling (Unix nanoseconds).
 	estMu    sync.Mutex
+	est      map[*dest]*estimator
 	estUntil atomic.Int64
 }
 

@@ -44,7 +44,6 @@ type dest struct {
 	// Packets and bytes of the flows whose entries left the table, per
 	// conntrack Direction (Original: client to service, IPVS's "in").
 	packets, bytes [2]atomic.Uint64
-	est            estimator // ipvsadm --rate, under Proxy.estMu
 }
 
 // portState is the scheduling state of one service port (step 1). It is

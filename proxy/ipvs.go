@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -81,14 +82,14 @@ func (p *Proxy) IPVS() []VirtualService {
 				vs.Affinity = s.port.Affinity.Timeout
 			}
 		}
-		for _, e := range s.eps {
-			d := s.dests[e.Addr]
+		for i, e := range s.port.Endpoints {
+			d := s.dests[i]
 			active, inactive := d.conns.Load()
 			st := totals[d]
 			if e := p.est[d]; e != nil {
 				e.read(&st)
 			}
-			vs.Dests = append(vs.Dests, Destination{Addr: e.Addr, Weight: e.Weight, ActiveConn: active, InActConn: inactive, Stats: st})
+			vs.Dests = append(vs.Dests, Destination{Addr: e.Addr, Weight: 1, ActiveConn: active, InActConn: inactive, Stats: st})
 			vs.Stats.add(&st)
 		}
 		out = append(out, vs)
@@ -120,7 +121,7 @@ func (s *IPVSStats) add(o *IPVSStats) {
 func (p *Proxy) destTotals() map[*dest]IPVSStats {
 	out := make(map[*dest]IPVSStats)
 	for _, s := range *p.states.Load() {
-		for _, d := range s.dests {
+		for _, d := range append(slices.Collect(maps.Values(s.gone)), s.dests...) {
 			out[d] = IPVSStats{
 				Conns:  d.scheduled.Load(),
 				InPkts: d.packets[conntrack.Original].Load(), OutPkts: d.packets[conntrack.Reply].Load(),

@@ -54,11 +54,13 @@ type portState struct {
 	picker  *balancer.Picker      // "random": the lottery and xt_recent affinity
 	sched   balancer.Scheduler    // IPVS's schedulers; nil for "random"
 	persist *balancer.Persistence // persistence under an IPVS scheduler, else nil
-	// eps are port.Endpoints as the schedulers see them, with their dests.
-	eps []balancer.Endpoint
-	// dests holds the dest of every endpoint listed or still counted, by
-	// address (copy-on-write: each table builds a new map).
-	dests map[netip.AddrPort]*dest
+	// dests[i] is the dest of port.Endpoints[i]; eps are the endpoints as
+	// IPVS's schedulers see them (nil under "random").
+	dests []*dest
+	eps   []balancer.Endpoint
+	// gone holds the dests of endpoints that left the list while flows
+	// still count on them, by address (nil when none).
+	gone map[netip.AddrPort]*dest
 }
 
 // schedulerOf returns the scheduler a port asks for, or the default.
@@ -98,27 +100,41 @@ func (p *Proxy) newPortState(port *service.Port, old *portState) *portState {
 			s.persist = balancer.NewPersistence(balancer.PersistenceConfig{Timeout: port.Affinity.Timeout, Clock: p.cfg.Clock})
 		}
 	}
-	s.eps = make([]balancer.Endpoint, len(port.Endpoints))
-	s.dests = make(map[netip.AddrPort]*dest, len(port.Endpoints))
+	n := len(port.Endpoints)
+	if s.sched != nil {
+		s.eps = make([]balancer.Endpoint, n)
+	}
+	s.dests = make([]*dest, n)
+	var prev map[netip.AddrPort]*dest // old's dests, listed or gone
+	if old != nil {
+		prev = make(map[netip.AddrPort]*dest, len(old.dests)+len(old.gone))
+		for i, d := range old.dests {
+			prev[old.port.Endpoints[i].Addr] = d
+		}
+		for a, d := range old.gone {
+			prev[a] = d
+		}
+	}
+	fresh := make([]dest, n) // one allocation for the new endpoints
 	for i := range port.Endpoints {
 		addr := port.Endpoints[i].Addr
-		var d *dest
-		if old != nil {
-			d = old.dests[addr]
-		}
+		d := prev[addr]
 		if d == nil {
-			d = &dest{}
+			d = &fresh[i]
+		} else {
+			delete(prev, addr)
 		}
-		s.dests[addr] = d
-		s.eps[i] = balancer.Endpoint{Addr: addr, Weight: 1, Conns: &d.conns}
+		s.dests[i] = d
+		if s.eps != nil {
+			s.eps[i] = balancer.Endpoint{Addr: addr, Weight: 1, Conns: &d.conns}
+		}
 	}
-	if old != nil {
-		for addr, d := range old.dests {
-			if _, listed := s.dests[addr]; !listed {
-				if a, i := d.conns.Load(); a+i > 0 {
-					s.dests[addr] = d // in IPVS's trash until its flows end
-				}
+	for addr, d := range prev {
+		if a, i := d.conns.Load(); a+i > 0 {
+			if s.gone == nil {
+				s.gone = make(map[netip.AddrPort]*dest)
 			}
+			s.gone[addr] = d // in IPVS's trash until its flows end
 		}
 	}
 	if s.sched != nil {
@@ -162,7 +178,7 @@ func (p *Proxy) choose(s *portState, port *service.Port, flow conntrack.Tuple) p
 		pk.index, pk.tmpl = -1, nil
 		return pk
 	}
-	pk.dest = s.dests[port.Endpoints[pk.index].Addr]
+	pk.dest = s.dests[pk.index]
 	pk.dest.conns.Open()
 	pk.dest.scheduled.Add(1)
 	return pk

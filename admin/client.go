@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 )
 
@@ -44,10 +45,10 @@ func FlushConntrack(ctx context.Context, adminAddr string, q ConntrackQuery) (in
 	return n, nil
 }
 
-// FetchRules returns the rules of the proxy at adminAddr, as WriteRules
+// FetchRules returns the rules of the proxy at adminAddr, as rules.Write
 // prints them with the server's options and this format and family (zero:
 // both families).
-func FetchRules(ctx context.Context, adminAddr string, format Format, family service.Family) (string, error) {
+func FetchRules(ctx context.Context, adminAddr string, format rules.Format, family service.Family) (string, error) {
 	v := url.Values{"format": {format.String()}}
 	if family != 0 {
 		v.Set("family", strconv.Itoa(int(family)))

@@ -27,6 +27,7 @@ import (
 
 	"github.com/userproxy/userproxy/clusterdns"
 	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 )
 
@@ -69,7 +70,7 @@ type Config struct {
 	Conntrack ConntrackTable
 	// Rules are the options of /debug/rules; the query parameters format
 	// and family override Format and Family.
-	Rules RulesOptions
+	Rules rules.Options
 	// Profiling serves Go's profiles under /debug/pprof/ (kube-proxy's
 	// enableProfiling). Off by default: a CPU profile costs the datapath.
 	Profiling bool

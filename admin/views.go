@@ -25,6 +25,7 @@ import (
 
 	"github.com/userproxy/userproxy/clusterdns"
 	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 )
 
@@ -296,7 +297,7 @@ func (s *Server) rules(w http.ResponseWriter, r *http.Request) {
 	opts := s.cfg.Rules
 	q := r.URL.Query()
 	if v := q.Get("format"); v != "" {
-		f, err := ParseFormat(v)
+		f, err := rules.ParseFormat(v)
 		if err != nil {
 			writeText(w, http.StatusBadRequest, err.Error()+"\n")
 			return
@@ -314,7 +315,7 @@ func (s *Server) rules(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var b bytes.Buffer
-	if err := WriteRules(&b, s.currentTable(), opts); err != nil {
+	if err := rules.Write(&b, s.currentTable(), opts); err != nil {
 		writeText(w, http.StatusInternalServerError, err.Error()+"\n")
 		return
 	}

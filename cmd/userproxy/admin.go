@@ -15,6 +15,7 @@ import (
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 	"github.com/userproxy/userproxy/source/file"
 )
@@ -28,7 +29,7 @@ type adminDeps struct {
 	tracker   *service.Tracker
 	src       objectSource
 	firstSync <-chan struct{}
-	rules     admin.RulesOptions
+	rules     rules.Options
 	profiling bool
 	dns       *clusterdns.Responder // nil with --dns=false
 }

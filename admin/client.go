@@ -1,7 +1,7 @@
 package admin
 
 // Client helpers for the CLI (`userproxy conntrack list|flush`, `userproxy
-// rules`), which talk to a running proxy's admin server.
+// rules`, `userproxy ipvs`), which talk to a running proxy's admin server.
 
 import (
 	"context"
@@ -54,6 +54,20 @@ func FetchRules(ctx context.Context, adminAddr string, format rules.Format, fami
 		v.Set("family", strconv.Itoa(int(family)))
 	}
 	return call(ctx, http.MethodGet, adminAddr, "/debug/rules", v)
+}
+
+// FetchIPVS returns the service table of the proxy at adminAddr as
+// `ipvsadm -Ln` lists it, with --stats or --rate when asked (stats wins
+// when both are, as in ipvsadm).
+func FetchIPVS(ctx context.Context, adminAddr string, stats, rate bool) (string, error) {
+	v := url.Values{}
+	if stats {
+		v.Set("stats", "1")
+	}
+	if rate {
+		v.Set("rate", "1")
+	}
+	return call(ctx, http.MethodGet, adminAddr, "/debug/ipvs", v)
 }
 
 func queryOf(q ConntrackQuery) url.Values {

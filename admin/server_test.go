@@ -376,7 +376,7 @@ func TestServeAndClient(t *testing.T) {
 	if err := admin.RegisterMetrics(reg, admin.Sources{Conntrack: ct}); err != nil {
 		t.Fatal(err)
 	}
-	srv := admin.New(admin.Config{Conntrack: ct, Gatherer: reg, Table: func() *service.Table { return tbl }})
+	srv := admin.New(admin.Config{Conntrack: ct, Gatherer: reg, Table: func() *service.Table { return tbl }, IPVS: fakeIPVS})
 	ln, err := srv.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -415,6 +415,13 @@ func TestServeAndClient(t *testing.T) {
 	}
 	if want := writeRules(t, tbl, rules.Options{Format: rules.FormatRestore, Family: service.IPv4}); got != want {
 		t.Errorf("FetchRules:\n%s\nwant:\n%s", got, want)
+	}
+	ipvs, err := admin.FetchIPVS(ctx, addr, false, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(ipvs, "CPS    InPPS") || !strings.Contains(ipvs, "TCP  10.96.0.10:80                       1       10        8     1000      800\n") {
+		t.Errorf("FetchIPVS --rate:\n%s", ipvs)
 	}
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {

@@ -9,7 +9,9 @@ package admin
 //     skipped services;
 //  3. /debug/dns shows the cluster DNS responder's addresses and counters;
 //  4. /debug/rules prints the iptables rules kube-proxy would write
-//     (rules.go).
+//     (package rules);
+//  5. /debug/ipvs prints the table as ipvsadm -Ln would list it on a node
+//     in IPVS mode (ipvs.go, package rules).
 
 import (
 	"bytes"

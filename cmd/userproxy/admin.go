@@ -58,6 +58,7 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 		Table:     func() *service.Table { return d.px.Table() },
 		Conntrack: d.ct,
 		Rules:     d.rules,
+		IPVS:      d.px.IPVS,
 		Profiling: d.profiling,
 	}
 	if d.dns != nil { // a nil *Responder in an interface would not be nil

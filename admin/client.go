@@ -1,7 +1,7 @@
 package admin
 
 // Client helpers for the CLI (`userproxy conntrack list|flush`, `userproxy
-// rules`), which talk to a running proxy's admin server.
+// rules`, `userproxy ipvs`), which talk to a running proxy's admin server.
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 )
 
@@ -44,15 +45,29 @@ func FlushConntrack(ctx context.Context, adminAddr string, q ConntrackQuery) (in
 	return n, nil
 }
 
-// FetchRules returns the rules of the proxy at adminAddr, as WriteRules
+// FetchRules returns the rules of the proxy at adminAddr, as rules.Write
 // prints them with the server's options and this format and family (zero:
 // both families).
-func FetchRules(ctx context.Context, adminAddr string, format Format, family service.Family) (string, error) {
+func FetchRules(ctx context.Context, adminAddr string, format rules.Format, family service.Family) (string, error) {
 	v := url.Values{"format": {format.String()}}
 	if family != 0 {
 		v.Set("family", strconv.Itoa(int(family)))
 	}
 	return call(ctx, http.MethodGet, adminAddr, "/debug/rules", v)
+}
+
+// FetchIPVS returns the service table of the proxy at adminAddr as
+// `ipvsadm -Ln` lists it, with --stats or --rate when asked (stats wins
+// when both are, as in ipvsadm).
+func FetchIPVS(ctx context.Context, adminAddr string, stats, rate bool) (string, error) {
+	v := url.Values{}
+	if stats {
+		v.Set("stats", "1")
+	}
+	if rate {
+		v.Set("rate", "1")
+	}
+	return call(ctx, http.MethodGet, adminAddr, "/debug/ipvs", v)
 }
 
 func queryOf(q ConntrackQuery) url.Values {

@@ -1,7 +1,6 @@
 package admin_test
 
 import (
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -12,26 +11,31 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	tcp  = v1.ProtocolTCP
+	udp  = v1.ProtocolUDP
+	ipv4 = discoveryv1.AddressTypeIPv4
+)
 
 // epoch is the start of every manual clock in these tests.
 var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func ptr[T any](v T) *T { return &v }
 
-// skipUnlessCI skips a test that this machine cannot run (no root, a tool
-// missing, no network namespaces), except under CI (CI=1), where it fails:
-// CI runs as root with the tools installed and must run every test. The
-// same rule as integration's requireRoot.
-func skipUnlessCI(t testing.TB, format string, args ...any) {
+// writeRules is what /debug/rules should answer for tbl and opts.
+func writeRules(t *testing.T, tbl *service.Table, opts rules.Options) string {
 	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf(format+" (CI must run this test)", args...)
+	var b strings.Builder
+	if err := rules.Write(&b, tbl, opts); err != nil {
+		t.Fatal(err)
 	}
-	t.Skipf(format, args...)
+	return b.String()
 }
 
 // svc builds a Service "ns/name" with the given ClusterIPs (comma-separated)

@@ -6,10 +6,11 @@ package admin
 //     server until its context ends, then shuts it down gracefully;
 //  2. the mux routes by method and path: /healthz and /livez (health.go),
 //     /metrics, /debug/conntrack (GET) and /debug/conntrack/flush (POST),
-//     /debug/services, /debug/rules, /debug/dns (views.go);
+//     /debug/services, /debug/rules, /debug/dns (views.go), /debug/ipvs
+//     (ipvs.go);
 //  3. each handler reads the current state through Config (the health
-//     check, the gatherer, the service table, the conntrack table) and
-//     answers in plain text.
+//     check, the gatherer, the service table, the conntrack table, the
+//     IPVS snapshot) and answers in plain text.
 
 import (
 	"context"
@@ -27,6 +28,8 @@ import (
 
 	"github.com/userproxy/userproxy/clusterdns"
 	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 )
 
@@ -69,7 +72,10 @@ type Config struct {
 	Conntrack ConntrackTable
 	// Rules are the options of /debug/rules; the query parameters format
 	// and family override Format and Family.
-	Rules RulesOptions
+	Rules rules.Options
+	// IPVS returns the service table as IPVS virtual services for
+	// /debug/ipvs (Proxy.IPVS). It is called once per request.
+	IPVS func() []proxy.VirtualService
 	// Profiling serves Go's profiles under /debug/pprof/ (kube-proxy's
 	// enableProfiling). Off by default: a CPU profile costs the datapath.
 	Profiling bool
@@ -120,6 +126,7 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("POST /debug/conntrack/flush", s.conntrackFlush)
 	mux.HandleFunc("GET /debug/services", s.services)
 	mux.HandleFunc("GET /debug/rules", s.rules)
+	mux.HandleFunc("GET /debug/ipvs", s.ipvs)
 	if cfg.Profiling {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
@@ -220,6 +227,7 @@ func (s *Server) index(w http.ResponseWriter, _ *http.Request) {
 /debug/conntrack/flush   POST: delete the entries the same parameters select; answers the number deleted
 /debug/services          service ports, their endpoints, skipped services
 /debug/rules             the iptables rules kube-proxy would write (?format=save|restore&family=4|6)
+/debug/ipvs              the table as ipvsadm -Ln lists it in kube-proxy's IPVS mode (?stats=1 or ?rate=1)
 /debug/dns               the cluster DNS responder: addresses, whether it steps aside for a Service, queries
 `)
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/userproxy/userproxy/admin"
 	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 )
 
@@ -309,16 +310,16 @@ func TestDebugRules(t *testing.T) {
 		slice("ns1/svc1-a", "svc1", ipv4, "p80", tcp, 80, eps("10.180.0.1")...),
 		slice("ns1/svc1-b", "svc1", discoveryv1.AddressTypeIPv6, "p80", tcp, 80, eps("fd00:10::1")...),
 	)
-	opts := admin.RulesOptions{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
+	opts := rules.Options{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
 	h := admin.New(admin.Config{Table: func() *service.Table { return tbl }, Rules: opts}).Handler()
 	for _, tt := range []struct {
 		query string
-		opts  admin.RulesOptions
+		opts  rules.Options
 	}{
 		{"", opts},
-		{"?format=restore", admin.RulesOptions{Format: admin.FormatRestore, ClusterCIDRs: opts.ClusterCIDRs}},
-		{"?family=6", admin.RulesOptions{Family: service.IPv6, ClusterCIDRs: opts.ClusterCIDRs}},
-		{"?format=save&family=ipv4", admin.RulesOptions{Family: service.IPv4, ClusterCIDRs: opts.ClusterCIDRs}},
+		{"?format=restore", rules.Options{Format: rules.FormatRestore, ClusterCIDRs: opts.ClusterCIDRs}},
+		{"?family=6", rules.Options{Family: service.IPv6, ClusterCIDRs: opts.ClusterCIDRs}},
+		{"?format=save&family=ipv4", rules.Options{Family: service.IPv4, ClusterCIDRs: opts.ClusterCIDRs}},
 	} {
 		code, body := get(t, h, "GET", "/debug/rules"+tt.query)
 		if code != 200 {
@@ -375,7 +376,7 @@ func TestServeAndClient(t *testing.T) {
 	if err := admin.RegisterMetrics(reg, admin.Sources{Conntrack: ct}); err != nil {
 		t.Fatal(err)
 	}
-	srv := admin.New(admin.Config{Conntrack: ct, Gatherer: reg, Table: func() *service.Table { return tbl }})
+	srv := admin.New(admin.Config{Conntrack: ct, Gatherer: reg, Table: func() *service.Table { return tbl }, IPVS: fakeIPVS})
 	ln, err := srv.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -408,12 +409,19 @@ func TestServeAndClient(t *testing.T) {
 	if _, err := admin.FlushConntrack(ctx, addr, admin.ConntrackQuery{Protocol: "icmp"}); err == nil || !strings.Contains(err.Error(), `protocol "icmp": want tcp or udp`) {
 		t.Errorf("bad query: %v", err)
 	}
-	rules, err := admin.FetchRules(ctx, addr, admin.FormatRestore, service.IPv4)
+	got, err := admin.FetchRules(ctx, addr, rules.FormatRestore, service.IPv4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := writeRules(t, tbl, admin.RulesOptions{Format: admin.FormatRestore, Family: service.IPv4}); rules != want {
-		t.Errorf("FetchRules:\n%s\nwant:\n%s", rules, want)
+	if want := writeRules(t, tbl, rules.Options{Format: rules.FormatRestore, Family: service.IPv4}); got != want {
+		t.Errorf("FetchRules:\n%s\nwant:\n%s", got, want)
+	}
+	ipvs, err := admin.FetchIPVS(ctx, addr, false, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(ipvs, "CPS    InPPS") || !strings.Contains(ipvs, "TCP  10.96.0.10:80                       1       10        8     1000      800\n") {
+		t.Errorf("FetchIPVS --rate:\n%s", ipvs)
 	}
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {

@@ -9,7 +9,9 @@ package admin
 //     skipped services;
 //  3. /debug/dns shows the cluster DNS responder's addresses and counters;
 //  4. /debug/rules prints the iptables rules kube-proxy would write
-//     (rules.go).
+//     (package rules);
+//  5. /debug/ipvs prints the table as ipvsadm -Ln would list it on a node
+//     in IPVS mode (ipvs.go, package rules).
 
 import (
 	"bytes"
@@ -25,6 +27,7 @@ import (
 
 	"github.com/userproxy/userproxy/clusterdns"
 	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 )
 
@@ -296,7 +299,7 @@ func (s *Server) rules(w http.ResponseWriter, r *http.Request) {
 	opts := s.cfg.Rules
 	q := r.URL.Query()
 	if v := q.Get("format"); v != "" {
-		f, err := ParseFormat(v)
+		f, err := rules.ParseFormat(v)
 		if err != nil {
 			writeText(w, http.StatusBadRequest, err.Error()+"\n")
 			return
@@ -314,7 +317,7 @@ func (s *Server) rules(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var b bytes.Buffer
-	if err := WriteRules(&b, s.currentTable(), opts); err != nil {
+	if err := rules.Write(&b, s.currentTable(), opts); err != nil {
 		writeText(w, http.StatusInternalServerError, err.Error()+"\n")
 		return
 	}

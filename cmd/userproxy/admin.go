@@ -15,6 +15,7 @@ import (
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 	"github.com/userproxy/userproxy/source/file"
 )
@@ -28,7 +29,7 @@ type adminDeps struct {
 	tracker   *service.Tracker
 	src       objectSource
 	firstSync <-chan struct{}
-	rules     admin.RulesOptions
+	rules     rules.Options
 	profiling bool
 	dns       *clusterdns.Responder // nil with --dns=false
 }
@@ -57,6 +58,7 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 		Table:     func() *service.Table { return d.px.Table() },
 		Conntrack: d.ct,
 		Rules:     d.rules,
+		IPVS:      d.px.IPVS,
 		Profiling: d.profiling,
 	}
 	if d.dns != nil { // a nil *Responder in an interface would not be nil

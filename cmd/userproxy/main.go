@@ -18,7 +18,7 @@ import (
 var version = "dev"
 
 // defaultAdminAddr is where run serves /metrics and /debug, and where the
-// conntrack and rules commands find a running proxy.
+// conntrack, rules and ipvs commands find a running proxy.
 const defaultAdminAddr = "127.0.0.1:10249"
 
 const usage = `userproxy: a userspace Kubernetes Service proxy (kube-proxy iptables semantics on a TUN).
@@ -28,6 +28,7 @@ Usage:
   userproxy setup --user NAME         (root, once) a persistent TUN device so that run needs no privileges
   userproxy conntrack list|flush      the connection tracking table of a running proxy
   userproxy rules [--config FILE]     the iptables-save lines kube-proxy would write for the same objects
+  userproxy ipvs [--stats|--rate]     the service table of a running proxy, as ipvsadm -Ln lists it
   userproxy demo [flags]              the endpoint lottery and ClientIP affinity on simulated connections
   userproxy version                   print the version
 
@@ -73,6 +74,8 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return runConntrack(ctx, args[1:], stdout, stderr)
 	case "rules":
 		return runRules(ctx, args[1:], stdout, stderr)
+	case "ipvs":
+		return runIPVS(ctx, args[1:], stdout, stderr)
 	case "demo":
 		return runDemo(ctx, args[1:], stdout, stderr)
 	case "version":

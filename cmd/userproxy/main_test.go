@@ -70,6 +70,8 @@ func TestBadArgumentsAreRefused(t *testing.T) {
 		{"conntrack"},
 		{"conntrack", "purge"},
 		{"rules", "--format", "xml", "--config", "a.yaml"},
+		{"ipvs", "extra"},
+		{"ipvs", "--stats=maybe"},
 	} {
 		var out, errOut bytes.Buffer
 		if err := runMain(context.Background(), args, &out, &errOut); err == nil {

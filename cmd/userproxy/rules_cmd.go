@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/userproxy/userproxy/admin"
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 	"github.com/userproxy/userproxy/source/file"
 )
@@ -31,7 +32,7 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	f, err := admin.ParseFormat(*format)
+	f, err := rules.ParseFormat(*format)
 	if err != nil {
 		return fmt.Errorf("--format: %w", err)
 	}
@@ -52,7 +53,7 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	return admin.WriteRules(stdout, t, admin.RulesOptions{Format: f, ClusterCIDRs: cidrs.values, JumpRules: *jump})
+	return rules.Write(stdout, t, rules.Options{Format: f, ClusterCIDRs: cidrs.values, JumpRules: *jump})
 }
 
 // loadTable builds the service table of a file or directory, once.

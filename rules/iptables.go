@@ -1,4 +1,4 @@
-package admin
+package rules
 
 // The rules printer: the iptables rules kube-proxy's iptables mode would write
 // for a service table, so that our behaviour can be held against a node
@@ -37,7 +37,7 @@ import (
 	"github.com/userproxy/userproxy/service"
 )
 
-// Format chooses the text WriteRules prints.
+// Format chooses the text Write prints.
 type Format uint8
 
 const (
@@ -79,9 +79,9 @@ func ParseFormat(s string) (Format, error) {
 	return 0, fmt.Errorf("unknown rules format %q: want save or restore", s)
 }
 
-// RulesOptions tunes WriteRules. The zero value prints both families in
+// Options tunes Write. The zero value prints both families in
 // FormatSave, for kube-proxy's default flags.
-type RulesOptions struct {
+type Options struct {
 	// Format is the text to print.
 	Format Format
 	// Family restricts the output to service.IPv4 or service.IPv6. Zero
@@ -173,13 +173,13 @@ func EndpointChain(name service.PortName, proto service.Protocol, endpoint strin
 	return prefixSEP + portProtoHash(name.String(), protoName(proto), endpoint)
 }
 
-// WriteRules writes the rules kube-proxy's iptables mode would write for the
+// Write writes the rules kube-proxy's iptables mode would write for the
 // service ports of t (nil is an empty table), as opts says, in a
 // deterministic order: families IPv4 then IPv6, tables filter then nat,
 // service ports in Table.Ports order. Each family's section is a complete
 // iptables-restore (ip6tables-restore) input, headed by a "#" comment line.
 // It returns the first error writing to w.
-func WriteRules(w io.Writer, t *service.Table, opts RulesOptions) error {
+func Write(w io.Writer, t *service.Table, opts Options) error {
 	ports := t.Ports()
 	var families []service.Family
 	switch opts.Family {
@@ -191,7 +191,7 @@ func WriteRules(w io.Writer, t *service.Table, opts RulesOptions) error {
 			families = append(families, service.IPv6)
 		}
 	default:
-		return fmt.Errorf("admin: rules for IP family %d: want 4, 6 or 0 for both", opts.Family)
+		return fmt.Errorf("rules: for IP family %d: want 4, 6 or 0 for both", opts.Family)
 	}
 	bw := bufio.NewWriterSize(w, 64<<10)
 	for _, fam := range families {
@@ -258,7 +258,7 @@ func netOf(fam service.Family) familyNet {
 
 // buildFamily computes the rules of one family, following syncProxyRules
 // (pkg/proxy/iptables/proxier.go) step by step.
-func buildFamily(fam service.Family, all []*service.Port, opts *RulesOptions) *familyRules {
+func buildFamily(fam service.Family, all []*service.Port, opts *Options) *familyRules {
 	nw := netOf(fam)
 	mark := uint32(1) << masqueradeBit
 	markRestore := fmt.Sprintf("%#08x", mark) // kube-proxy's masqueradeMark: "0x00004000"
@@ -389,7 +389,7 @@ func addJumpRules(filter, nat *ruleTable) {
 // portRules writes the rules of one service port.
 type portRules struct {
 	nw           familyNet
-	opts         *RulesOptions
+	opts         *Options
 	clusterCIDR  netip.Prefix // of this family; invalid when none
 	largeCluster bool
 }

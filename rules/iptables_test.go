@@ -1,4 +1,4 @@
-package admin_test
+package rules_test
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
-	"github.com/userproxy/userproxy/admin"
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 )
 
@@ -37,31 +37,31 @@ func TestChainNames(t *testing.T) {
 	}{
 		// proxier_test.go: "ns1/svc1:p80 cluster IP" ... -j KUBE-SVC-XPGD46QRK7WJZT7O,
 		// and its endpoints 10.180.0.1:80 and 10.180.0.2:80.
-		{admin.ServiceChain(p80, service.TCP), "KUBE-SVC-XPGD46QRK7WJZT7O"},
-		{admin.EndpointChain(p80, service.TCP, "10.180.0.1:80"), "KUBE-SEP-SXIVWICOYRO3J4NJ"},
-		{admin.EndpointChain(p80, service.TCP, "10.180.0.2:80"), "KUBE-SEP-LXVODXWDISEETFEF"},
+		{rules.ServiceChain(p80, service.TCP), "KUBE-SVC-XPGD46QRK7WJZT7O"},
+		{rules.EndpointChain(p80, service.TCP, "10.180.0.1:80"), "KUBE-SEP-SXIVWICOYRO3J4NJ"},
+		{rules.EndpointChain(p80, service.TCP, "10.180.0.2:80"), "KUBE-SEP-LXVODXWDISEETFEF"},
 		// proxier_test.go, the "ns1/svc1" tests of internal and external
 		// traffic policy (an unnamed port, Cluster and Local chains).
-		{admin.ServiceChain(unnamed, service.TCP), "KUBE-SVC-AQI2S6QIMU7PVVRP"},
-		{admin.LocalServiceChain(unnamed, service.TCP), "KUBE-SVL-AQI2S6QIMU7PVVRP"},
-		{admin.EndpointChain(unnamed, service.TCP, "10.0.1.1:80"), "KUBE-SEP-3JOIVZTXZZRGORX4"},
-		{admin.EndpointChain(unnamed, service.TCP, "10.0.1.2:80"), "KUBE-SEP-IO5XOSKPAXIFQXAJ"},
-		{admin.EndpointChain(unnamed, service.TCP, "10.0.1.3:80"), "KUBE-SEP-XGJFVO3L2O5SRFNT"},
-		{admin.EndpointChain(unnamed, service.TCP, "10.0.1.5:80"), "KUBE-SEP-EQCHZ7S2PJ72OHAY"},
+		{rules.ServiceChain(unnamed, service.TCP), "KUBE-SVC-AQI2S6QIMU7PVVRP"},
+		{rules.LocalServiceChain(unnamed, service.TCP), "KUBE-SVL-AQI2S6QIMU7PVVRP"},
+		{rules.EndpointChain(unnamed, service.TCP, "10.0.1.1:80"), "KUBE-SEP-3JOIVZTXZZRGORX4"},
+		{rules.EndpointChain(unnamed, service.TCP, "10.0.1.2:80"), "KUBE-SEP-IO5XOSKPAXIFQXAJ"},
+		{rules.EndpointChain(unnamed, service.TCP, "10.0.1.3:80"), "KUBE-SEP-XGJFVO3L2O5SRFNT"},
+		{rules.EndpointChain(unnamed, service.TCP, "10.0.1.5:80"), "KUBE-SEP-EQCHZ7S2PJ72OHAY"},
 		// proxier_test.go, TestOverallIPTablesRules: svc2..svc5.
-		{admin.ServiceChain(service.PortName{Namespace: "ns2", Name: "svc2", Port: "p80"}, service.TCP), "KUBE-SVC-GNZBNJ2PO5MGZ6GT"},
-		{admin.EndpointChain(service.PortName{Namespace: "ns2", Name: "svc2", Port: "p80"}, service.TCP, "10.180.0.2:80"), "KUBE-SEP-RS4RBKLTHTF2IUXJ"},
-		{admin.ServiceChain(service.PortName{Namespace: "ns3", Name: "svc3", Port: "p80"}, service.TCP), "KUBE-SVC-X27LE4BHSL4DOUIK"},
-		{admin.EndpointChain(service.PortName{Namespace: "ns3", Name: "svc3", Port: "p80"}, service.TCP, "10.180.0.3:80"), "KUBE-SEP-OYPFS5VJICHGATKP"},
-		{admin.ServiceChain(service.PortName{Namespace: "ns4", Name: "svc4", Port: "p80"}, service.TCP), "KUBE-SVC-4SW47YFZTEDKD3PK"},
-		{admin.EndpointChain(service.PortName{Namespace: "ns4", Name: "svc4", Port: "p80"}, service.TCP, "10.180.0.4:80"), "KUBE-SEP-UKSFD7AGPMPPLUHC"},
-		{admin.ServiceChain(service.PortName{Namespace: "ns5", Name: "svc5", Port: "p80"}, service.TCP), "KUBE-SVC-NUKIZ6OKUXPJNT4C"},
-		{admin.EndpointChain(service.PortName{Namespace: "ns5", Name: "svc5", Port: "p80"}, service.TCP, "10.180.0.3:80"), "KUBE-SEP-I77PXRDZVX7PMWMN"},
+		{rules.ServiceChain(service.PortName{Namespace: "ns2", Name: "svc2", Port: "p80"}, service.TCP), "KUBE-SVC-GNZBNJ2PO5MGZ6GT"},
+		{rules.EndpointChain(service.PortName{Namespace: "ns2", Name: "svc2", Port: "p80"}, service.TCP, "10.180.0.2:80"), "KUBE-SEP-RS4RBKLTHTF2IUXJ"},
+		{rules.ServiceChain(service.PortName{Namespace: "ns3", Name: "svc3", Port: "p80"}, service.TCP), "KUBE-SVC-X27LE4BHSL4DOUIK"},
+		{rules.EndpointChain(service.PortName{Namespace: "ns3", Name: "svc3", Port: "p80"}, service.TCP, "10.180.0.3:80"), "KUBE-SEP-OYPFS5VJICHGATKP"},
+		{rules.ServiceChain(service.PortName{Namespace: "ns4", Name: "svc4", Port: "p80"}, service.TCP), "KUBE-SVC-4SW47YFZTEDKD3PK"},
+		{rules.EndpointChain(service.PortName{Namespace: "ns4", Name: "svc4", Port: "p80"}, service.TCP, "10.180.0.4:80"), "KUBE-SEP-UKSFD7AGPMPPLUHC"},
+		{rules.ServiceChain(service.PortName{Namespace: "ns5", Name: "svc5", Port: "p80"}, service.TCP), "KUBE-SVC-NUKIZ6OKUXPJNT4C"},
+		{rules.EndpointChain(service.PortName{Namespace: "ns5", Name: "svc5", Port: "p80"}, service.TCP, "10.180.0.3:80"), "KUBE-SEP-I77PXRDZVX7PMWMN"},
 		// Every cluster: the API server and CoreDNS (the protocol is part of
 		// the hash: UDP and TCP ports of kube-dns differ).
-		{admin.ServiceChain(service.PortName{Namespace: "default", Name: "kubernetes", Port: "https"}, service.TCP), "KUBE-SVC-NPX46M4PTMTKRN6Y"},
-		{admin.ServiceChain(service.PortName{Namespace: "kube-system", Name: "kube-dns", Port: "dns"}, service.UDP), "KUBE-SVC-TCOU7JCQXEZGVUNU"},
-		{admin.ServiceChain(service.PortName{Namespace: "kube-system", Name: "kube-dns", Port: "dns-tcp"}, service.TCP), "KUBE-SVC-ERIFXISQEP7F7OF4"},
+		{rules.ServiceChain(service.PortName{Namespace: "default", Name: "kubernetes", Port: "https"}, service.TCP), "KUBE-SVC-NPX46M4PTMTKRN6Y"},
+		{rules.ServiceChain(service.PortName{Namespace: "kube-system", Name: "kube-dns", Port: "dns"}, service.UDP), "KUBE-SVC-TCOU7JCQXEZGVUNU"},
+		{rules.ServiceChain(service.PortName{Namespace: "kube-system", Name: "kube-dns", Port: "dns-tcp"}, service.TCP), "KUBE-SVC-ERIFXISQEP7F7OF4"},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {
@@ -70,7 +70,7 @@ func TestChainNames(t *testing.T) {
 	}
 }
 
-// serviceLines keeps the lines of WriteRules output that belong to service
+// serviceLines keeps the lines of Write output that belong to service
 // ports: table markers, KUBE-SVC/SVL/SEP chains and their rules, and the
 // KUBE-SERVICES rules other than the nodeports tail.
 func serviceLines(out string) string {
@@ -87,20 +87,20 @@ func serviceLines(out string) string {
 	return b.String()
 }
 
-func writeRules(t *testing.T, tbl *service.Table, opts admin.RulesOptions) string {
+func writeRules(t *testing.T, tbl *service.Table, opts rules.Options) string {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := admin.WriteRules(&buf, tbl, opts); err != nil {
+	if err := rules.Write(&buf, tbl, opts); err != nil {
 		t.Fatal(err)
 	}
 	return buf.String()
 }
 
-// TestWriteRulesGolden pins the service-port lines, as iptables-save prints
+// TestWriteGolden pins the service-port lines, as iptables-save prints
 // them, for the shapes a service port can take. Endpoint order is the
 // string order of "ip:port" (10.180.0.10 before 10.180.0.2); rule i of n
 // carries 1/(n-i), printed back by iptables-save as its 31-bit threshold.
-func TestWriteRulesGolden(t *testing.T) {
+func TestWriteGolden(t *testing.T) {
 	svc1 := func(mods ...func(*v1.Service)) *v1.Service {
 		return svc("ns1/svc1", "172.30.0.41", ports(sport("p80", tcp, 80)), mods...)
 	}
@@ -110,7 +110,7 @@ func TestWriteRulesGolden(t *testing.T) {
 	tests := []struct {
 		name string
 		objs []any
-		opts admin.RulesOptions
+		opts rules.Options
 		want string
 	}{{
 		name: "one endpoint",
@@ -201,7 +201,7 @@ func TestWriteRulesGolden(t *testing.T) {
 	}, {
 		name: "internalTrafficPolicy Local: the KUBE-SVL chain has the local endpoint only; cluster CIDR masquerade",
 		objs: []any{svc1(itpLocal), slice1(80, ep("10.180.0.1", onNode("node-a")), ep("10.180.0.2", onNode("other")))},
-		opts: admin.RulesOptions{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00::/64"), netip.MustParsePrefix("10.1.2.3/8")}},
+		opts: rules.Options{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00::/64"), netip.MustParsePrefix("10.1.2.3/8")}},
 		want: `
 *filter
 *nat
@@ -220,7 +220,7 @@ func TestWriteRulesGolden(t *testing.T) {
 			slice("kube-system/dns-4", "kube-dns", ipv4, "dns", udp, 53, eps("10.244.0.5")...),
 			slice("kube-system/dns-6", "kube-dns", ipv6, "dns", udp, 53, eps("fd00:244::6", "fd00:244::5")...),
 		},
-		opts: admin.RulesOptions{MasqueradeAll: true},
+		opts: rules.Options{MasqueradeAll: true},
 		want: `
 *filter
 *nat
@@ -256,18 +256,18 @@ func TestWriteRulesGolden(t *testing.T) {
 	}
 }
 
-// TestWriteRulesKubeProxyRestore holds FormatRestore against kube-proxy's
+// TestWriteKubeProxyRestore holds FormatRestore against kube-proxy's
 // own expected restore input: proxier_test.go, the internal/external
 // traffic policy test "ns1/svc1" (unnamed port, ClusterIP 172.30.1.1:80,
 // ClientIP affinity, three usable endpoints, --cluster-cidr 10.0.0.0/8).
 // kube-proxy's test sorts rules by chain; within a chain the order is the
 // proxier's.
-func TestWriteRulesKubeProxyRestore(t *testing.T) {
+func TestWriteKubeProxyRestore(t *testing.T) {
 	tbl := table(t,
 		svc("ns1/svc1", "172.30.1.1", ports(sport("", tcp, 80)), clientIP(0)),
 		slice("ns1/svc1-1", "svc1", ipv4, "", tcp, 80, eps("10.0.1.1", "10.0.1.2", "10.0.1.5")...),
 	)
-	out := writeRules(t, tbl, admin.RulesOptions{Format: admin.FormatRestore, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
+	out := writeRules(t, tbl, rules.Options{Format: rules.FormatRestore, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
 	want := map[string][]string{
 		"KUBE-SERVICES": {
 			`-A KUBE-SERVICES -m comment --comment "ns1/svc1 cluster IP" -m tcp -p tcp -d 172.30.1.1 --dport 80 -j KUBE-SVC-AQI2S6QIMU7PVVRP`,
@@ -317,11 +317,11 @@ func TestWriteRulesKubeProxyRestore(t *testing.T) {
 	}
 }
 
-// TestWriteRulesSkeleton pins a whole section: the static chains and rules
+// TestWriteSkeleton pins a whole section: the static chains and rules
 // kube-proxy writes around the service ports, as iptables-save prints them.
 // This is byte for byte what iptables-save v1.8.9 printed after restoring
 // it (the "#" lines aside).
-func TestWriteRulesSkeleton(t *testing.T) {
+func TestWriteSkeleton(t *testing.T) {
 	want := `# Generated by userproxy as iptables-save would print kube-proxy's rules (IPv4)
 *filter
 :INPUT ACCEPT [0:0]
@@ -355,13 +355,13 @@ COMMIT
 -A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
 COMMIT
 `
-	if diff := cmp.Diff(want, writeRules(t, nil, admin.RulesOptions{})); diff != "" {
+	if diff := cmp.Diff(want, writeRules(t, nil, rules.Options{})); diff != "" {
 		t.Errorf("empty table (-want +got):\n%s", diff)
 	}
 }
 
-// TestWriteRulesOptions checks what each option adds or takes away.
-func TestWriteRulesOptions(t *testing.T) {
+// TestWriteOptions checks what each option adds or takes away.
+func TestWriteOptions(t *testing.T) {
 	tbl := table(t,
 		svc("ns1/svc1", "172.30.0.41,fd00::41", ports(sport("p80", tcp, 80))),
 		slice("ns1/svc1-a", "svc1", ipv4, "p80", tcp, 80, eps("10.180.0.1")...),
@@ -370,7 +370,7 @@ func TestWriteRulesOptions(t *testing.T) {
 	const invalidDrop = "-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n"
 	tests := []struct {
 		name            string
-		opts            admin.RulesOptions
+		opts            rules.Options
 		present, absent []string
 	}{{
 		name: "defaults: both families, INVALID drop, no jumps",
@@ -382,16 +382,16 @@ func TestWriteRulesOptions(t *testing.T) {
 		absent: []string{"-A PREROUTING", "-A INPUT", "KUBE-MARK-MASQ\n-A KUBE-SVC"},
 	}, {
 		name:    "one family",
-		opts:    admin.RulesOptions{Family: service.IPv6},
+		opts:    rules.Options{Family: service.IPv6},
 		present: []string{"as ip6tables-save would print", "[fd00:10::1]:80"},
 		absent:  []string{"as iptables-save would print", "10.180.0.1", "KUBE-FIREWALL"},
 	}, {
 		name:   "liberal conntrack: no INVALID drop",
-		opts:   admin.RulesOptions{TCPBeLiberal: true},
+		opts:   rules.Options{TCPBeLiberal: true},
 		absent: []string{"INVALID"},
 	}, {
 		name: "jump rules, iptables-save order",
-		opts: admin.RulesOptions{Family: service.IPv4, JumpRules: true},
+		opts: rules.Options{Family: service.IPv4, JumpRules: true},
 		present: []string{
 			"-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
 			"-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
@@ -403,14 +403,14 @@ func TestWriteRulesOptions(t *testing.T) {
 		},
 	}, {
 		name: "jump rules as -I lines for iptables-restore",
-		opts: admin.RulesOptions{Format: admin.FormatRestore, Family: service.IPv6, JumpRules: true},
+		opts: rules.Options{Format: rules.FormatRestore, Family: service.IPv6, JumpRules: true},
 		present: []string{
 			":KUBE-FIREWALL - [0:0]\n", "-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
 			"-I OUTPUT -j KUBE-FIREWALL\nCOMMIT\n",
 		},
 	}, {
 		name: "restore format spells what kube-proxy writes",
-		opts: admin.RulesOptions{Format: admin.FormatRestore, Family: service.IPv4, MasqueradeAll: true},
+		opts: rules.Options{Format: rules.FormatRestore, Family: service.IPv4, MasqueradeAll: true},
 		present: []string{
 			"# iptables-restore input", "-A KUBE-MARK-MASQ -j MARK --or-mark 0x00004000\n",
 			"-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment \"ns1/svc1:p80 cluster IP\" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j KUBE-MARK-MASQ\n",
@@ -435,9 +435,9 @@ func TestWriteRulesOptions(t *testing.T) {
 	}
 }
 
-// TestWriteRulesLargeCluster: past 1000 endpoints in a family kube-proxy
+// TestWriteLargeCluster: past 1000 endpoints in a family kube-proxy
 // drops the comments of KUBE-SVC and KUBE-SEP rules, not the others.
-func TestWriteRulesLargeCluster(t *testing.T) {
+func TestWriteLargeCluster(t *testing.T) {
 	objs := []any{svc("ns1/big", "172.30.0.50", ports(sport("p", tcp, 80)))}
 	for s := 0; s < 2; s++ {
 		var addrs []string
@@ -446,8 +446,8 @@ func TestWriteRulesLargeCluster(t *testing.T) {
 		}
 		objs = append(objs, slice(fmt.Sprintf("ns1/big-%d", s), "big", ipv4, "p", tcp, 80, eps(addrs...)...))
 	}
-	out := writeRules(t, table(t, objs...), admin.RulesOptions{Family: service.IPv4})
-	svcChain := admin.ServiceChain(service.PortName{Namespace: "ns1", Name: "big", Port: "p"}, service.TCP)
+	out := writeRules(t, table(t, objs...), rules.Options{Family: service.IPv4})
+	svcChain := rules.ServiceChain(service.PortName{Namespace: "ns1", Name: "big", Port: "p"}, service.TCP)
 	var svcRules, sepRules int
 	for _, l := range strings.Split(out, "\n") {
 		switch {
@@ -473,20 +473,20 @@ func TestWriteRulesLargeCluster(t *testing.T) {
 	}
 }
 
-func TestWriteRulesErrors(t *testing.T) {
-	if err := admin.WriteRules(io.Discard, nil, admin.RulesOptions{Family: 5}); err == nil {
+func TestWriteErrors(t *testing.T) {
+	if err := rules.Write(io.Discard, nil, rules.Options{Family: 5}); err == nil {
 		t.Error("family 5: no error")
 	}
 	broken := errors.New("disk full")
-	if err := admin.WriteRules(failWriter{broken}, nil, admin.RulesOptions{}); !errors.Is(err, broken) {
+	if err := rules.Write(failWriter{broken}, nil, rules.Options{}); !errors.Is(err, broken) {
 		t.Errorf("failing writer: error %v, want %v", err, broken)
 	}
 	for _, tt := range []struct {
 		in   string
-		want admin.Format
+		want rules.Format
 		ok   bool
-	}{{"", admin.FormatSave, true}, {"save", admin.FormatSave, true}, {"restore", admin.FormatRestore, true}, {"xml", 0, false}} {
-		got, err := admin.ParseFormat(tt.in)
+	}{{"", rules.FormatSave, true}, {"save", rules.FormatSave, true}, {"restore", rules.FormatRestore, true}, {"xml", 0, false}} {
+		got, err := rules.ParseFormat(tt.in)
 		if (err == nil) != tt.ok || got != tt.want {
 			t.Errorf("ParseFormat(%q) = %v, %v", tt.in, got, err)
 		}
@@ -497,12 +497,12 @@ type failWriter struct{ err error }
 
 func (f failWriter) Write([]byte) (int, error) { return 0, f.err }
 
-// TestWriteRulesIptablesRoundTrip feeds both formats to the real
+// TestWriteIptablesRoundTrip feeds both formats to the real
 // iptables-restore in a network namespace of its own and checks that
 // iptables-save prints FormatSave back, line for line. It needs root,
 // unshare(1) and iptables; without them it skips, except under CI (CI=1),
 // where it fails: CI is root and installs them.
-func TestWriteRulesIptablesRoundTrip(t *testing.T) {
+func TestWriteIptablesRoundTrip(t *testing.T) {
 	if os.Geteuid() != 0 {
 		skipUnlessCI(t, "needs root")
 	}
@@ -522,11 +522,11 @@ func TestWriteRulesIptablesRoundTrip(t *testing.T) {
 	cidrs := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00:10::/64")}
 	for _, fam := range []service.Family{service.IPv4, service.IPv6} {
 		for _, jumps := range []bool{false, true} {
-			opts := admin.RulesOptions{Family: fam, ClusterCIDRs: cidrs, JumpRules: jumps}
+			opts := rules.Options{Family: fam, ClusterCIDRs: cidrs, JumpRules: jumps}
 			name := fmt.Sprintf("%s/jumps=%v", fam, jumps)
 			t.Run(name, func(t *testing.T) {
 				save := writeRules(t, tbl, opts)
-				opts.Format = admin.FormatRestore
+				opts.Format = rules.FormatRestore
 				restore := writeRules(t, tbl, opts)
 				want := withoutComments(save)
 				for _, in := range []string{save, restore} {

@@ -1,4 +1,4 @@
-package admin_test
+package rules_test
 
 import (
 	"io"
@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/userproxy/userproxy/admin"
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 	"github.com/userproxy/userproxy/source/file"
 )
@@ -60,10 +60,10 @@ ports: [{name: p, port: 8080, protocol: TCP}]
 			return // refused with an error: fine
 		}
 		tbl := tracker.Current()
-		for _, format := range []admin.Format{admin.FormatSave, admin.FormatRestore} {
+		for _, format := range []rules.Format{rules.FormatSave, rules.FormatRestore} {
 			for _, fam := range []service.Family{0, service.IPv4, service.IPv6} {
-				if err := admin.WriteRules(io.Discard, tbl, admin.RulesOptions{Format: format, Family: fam, JumpRules: true}); err != nil {
-					t.Fatalf("WriteRules(format %v, family %v): %v", format, fam, err)
+				if err := rules.Write(io.Discard, tbl, rules.Options{Format: format, Family: fam, JumpRules: true}); err != nil {
+					t.Fatalf("Write(format %v, family %v): %v", format, fam, err)
 				}
 			}
 		}

@@ -251,11 +251,13 @@ func TestTrackerChanges(t *testing.T) {
 		t.Errorf("deleted service still answers %v", v)
 	}
 
-	// A status-only update changes nothing: no table.
+	// A status-only update with nothing the proxy reads changes nothing: no
+	// table. (An ingress IP is read, whatever the type, as kube-proxy's
+	// newBaseServiceInfo reads it; an ingress hostname is not.)
 	n := len(rec.tables)
 	o := svc("ns1/other", "10.96.0.11", ports(udp("dns", 53, intstr.FromInt32(53))))
 	o.ResourceVersion = "42"
-	o.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "1.2.3.4"}}
+	o.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{Hostname: "lb.example.com"}}
 	tr.OnServiceUpdate(nil, o)
 	if len(rec.tables) != n {
 		t.Errorf("a no-op update published a table")

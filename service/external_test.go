@@ -496,3 +496,221 @@ func conflictObjects() []any {
 		slice("ns1/a-1", "a", v4, eports(eport("http", v1.ProtocolTCP, 80)), ep("10.180.0.1")),
 	}
 }
+
+// TestExternalPortFields: what a Port keeps of a Service's external
+// fields, per family, as kube-proxy's newBaseServiceInfo
+// (pkg/proxy/serviceport.go) keeps it: MapIPsByIPFamily and
+// MapCIDRsByIPFamily split by family and skip invalid entries, ranges are
+// trimmed, ingress IPs with ipMode Proxy are left out, ExternalPolicyLocal
+// and NeedsHealthCheck follow pkg/api/v1/service/util.go.
+func TestExternalPortFields(t *testing.T) {
+	s := svc("ns1/lb", "172.30.0.41,fd00::41", ports(tcp("http", 80, intstr.FromInt32(8080)), udp("dns", 53, intstr.FromInt32(53))),
+		svcType(v1.ServiceTypeLoadBalancer), dualStack, nodePorts(30080, 70000), etpLocal,
+		externalIPs("192.168.99.11", "not-an-ip", "2001:db8::11", "192.168.99.11", "fe80::1%eth0", "::ffff:192.168.99.12"),
+		ingress("203.0.113.10", ""), ingress("203.0.113.12", v1.LoadBalancerIPModeProxy), ingress("2001:db8:1::10", v1.LoadBalancerIPModeVIP),
+		ingress("", ""),
+		sourceRanges(" 10.1.2.3/8", "bogus", "2001:db8:ff::/48", ""),
+		func(s *v1.Service) { s.Spec.HealthCheckNodePort = 32000 })
+	tr := syncedTracker(t, service.Config{NodeName: "node1"}, s)
+	type fields struct {
+		Family       service.Family
+		NodePort     uint16
+		ExternalIPs  []netip.Addr
+		LBIPs        []netip.Addr
+		SourceRanges []netip.Prefix
+		Local        bool
+		HealthCheck  uint16
+		Verdict      service.Verdict
+	}
+	var got []fields
+	for _, p := range tr.Current().Service(service.ServiceName{Namespace: "ns1", Name: "lb"}) {
+		got = append(got, fields{p.Family, p.NodePort, p.ExternalIPs, p.LoadBalancerIPs, p.SourceRanges,
+			p.ExternalPolicyLocal, p.HealthCheckNodePort, p.ExternalVerdict})
+	}
+	a := netip.MustParseAddr
+	pf := netip.MustParsePrefix
+	v4 := fields{Family: service.IPv4, ExternalIPs: []netip.Addr{a("192.168.99.11"), a("192.168.99.12")},
+		LBIPs: []netip.Addr{a("203.0.113.10")}, SourceRanges: []netip.Prefix{pf("10.0.0.0/8")},
+		Local: true, HealthCheck: 32000, Verdict: service.NoEndpoints}
+	v6 := fields{Family: service.IPv6, ExternalIPs: []netip.Addr{a("2001:db8::11")},
+		LBIPs: []netip.Addr{a("2001:db8:1::10")}, SourceRanges: []netip.Prefix{pf("2001:db8:ff::/48")},
+		Local: true, HealthCheck: 32000, Verdict: service.NoEndpoints}
+	http4, dns4, http6, dns6 := v4, v4, v6, v6
+	http4.NodePort, http6.NodePort = 30080, 30080 // 70000 is out of range: no NodePort
+	want := []fields{http4, dns4, http6, dns6}
+	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+		cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+		t.Errorf("Ports (-want +got):\n%s", diff)
+	}
+	want4 := []netip.Addr{a("192.168.99.11"), a("192.168.99.12"), a("203.0.113.10"), a("2001:db8::11"), a("2001:db8:1::10")}
+	if diff := cmp.Diff(want4, tr.Current().ExternalAddrs(), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+		t.Errorf("ExternalAddrs (-want +got):\n%s", diff)
+	}
+}
+
+// TestExternalPolicyLocalNeedsExternalDestinations: kube-proxy's
+// ExternalPolicyLocal holds only for an externally accessible service
+// (pkg/api/v1/service/util.go ExternallyAccessible), and the health check
+// port only for a LoadBalancer one (NeedsHealthCheck).
+func TestExternalPolicyLocalNeedsExternalDestinations(t *testing.T) {
+	hc := func(s *v1.Service) { s.Spec.HealthCheckNodePort = 32000 }
+	cases := []struct {
+		name      string
+		mods      []func(*v1.Service)
+		wantLocal bool
+		wantHC    uint16
+	}{
+		{"ClusterIP, no externalIPs", []func(*v1.Service){etpLocal, hc}, false, 0},
+		{"ClusterIP with an externalIP", []func(*v1.Service){etpLocal, hc, externalIPs("192.168.99.1")}, true, 0},
+		{"NodePort", []func(*v1.Service){svcType(v1.ServiceTypeNodePort), etpLocal, hc}, true, 0},
+		{"LoadBalancer", []func(*v1.Service){svcType(v1.ServiceTypeLoadBalancer), etpLocal, hc}, true, 32000},
+		{"LoadBalancer, Cluster policy", []func(*v1.Service){svcType(v1.ServiceTypeLoadBalancer), hc}, false, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tr := syncedTracker(t, service.Config{}, svc("ns1/web", "172.30.0.41", ports(tcp("http", 80, intstr.FromInt32(80))), c.mods...))
+			p := tr.Current().Ports()[0]
+			if p.ExternalPolicyLocal != c.wantLocal || p.HealthCheckNodePort != c.wantHC {
+				t.Errorf("ExternalPolicyLocal %v HealthCheckNodePort %d, want %v %d", p.ExternalPolicyLocal, p.HealthCheckNodePort, c.wantLocal, c.wantHC)
+			}
+		})
+	}
+}
+
+// TestExternalChanges: a change of an external field is a changed port
+// (servicechangetracker.go compares the whole ServicePort); ExternalAddrs
+// follows, and is shared between tables while it does not change.
+func TestExternalChanges(t *testing.T) {
+	var rec syncRecorder
+	tr := newTracker(t, service.NewManualClock(epoch), 0, &rec)
+	lb := func(np int32, lbIPs ...string) *v1.Service {
+		mods := []func(*v1.Service){svcType(v1.ServiceTypeLoadBalancer), nodePorts(np)}
+		for _, ip := range lbIPs {
+			mods = append(mods, ingress(ip, ""))
+		}
+		return svc("ns1/web", "10.96.0.10", ports(tcp("http", 80, intstr.FromInt32(8080))), mods...)
+	}
+	tr.OnServiceAdd(lb(30080, "203.0.113.10", "203.0.113.9"))
+	tr.OnEndpointSliceAdd(webEndpoints("web-1", "10.0.0.1"))
+	tr.OnServiceAdd(svc("ns1/other", "10.96.0.11", ports(udp("dns", 53, intstr.FromInt32(53))), externalIPs("203.0.113.10")))
+	tr.OnSynced()
+	addrs := func() []string {
+		var out []string
+		for _, a := range tr.Current().ExternalAddrs() {
+			out = append(out, a.String())
+		}
+		return out
+	}
+	if diff := cmp.Diff([]string{"203.0.113.9", "203.0.113.10"}, addrs()); diff != "" { // address order, not string order
+		t.Errorf("ExternalAddrs: sorted, distinct across services (-want +got):\n%s", diff)
+	}
+
+	tr.OnServiceUpdate(nil, lb(30081, "203.0.113.10", "203.0.113.9"))
+	c := rec.changes[len(rec.changes)-1]
+	if len(c.Ports) != 1 || c.Ports[0].Old.NodePort != 30080 || c.Ports[0].New.NodePort != 30081 {
+		t.Fatalf("a NodePort change: %+v", c.Ports)
+	}
+	if diff := cmp.Diff([]service.ServiceName{{Namespace: "ns1", Name: "web"}}, c.Changed); diff != "" {
+		t.Errorf("Changed (-want +got):\n%s", diff)
+	}
+	if _, v := tr.Current().LookupNodePort(service.TCP, service.IPv4, 30080); v != service.NotService {
+		t.Errorf("the old NodePort still answers %v", v)
+	}
+	if p, v := tr.Current().LookupNodePort(service.TCP, service.IPv4, 30081); v != service.Forward || p.Name.Name != "web" {
+		t.Errorf("the new NodePort answers %v %v", p, v)
+	}
+	if len(rec.tables) < 2 || &rec.tables[len(rec.tables)-1].ExternalAddrs()[0] != &rec.tables[len(rec.tables)-2].ExternalAddrs()[0] {
+		t.Error("ExternalAddrs copied though it did not change")
+	}
+
+	// The LB IP that only web had leaves; the one other shares stays.
+	tr.OnServiceUpdate(nil, lb(30081, "203.0.113.10"))
+	if diff := cmp.Diff([]string{"203.0.113.10"}, addrs()); diff != "" {
+		t.Errorf("ExternalAddrs after an LB IP left (-want +got):\n%s", diff)
+	}
+	if _, v := tr.Current().LookupExternal(service.TCP, netip.MustParseAddr("203.0.113.9"), 80); v != service.NotService {
+		t.Errorf("the removed LB IP answers %v", v)
+	}
+	tr.OnServiceDelete(lb(30081))
+	if diff := cmp.Diff([]string{"203.0.113.10"}, addrs()); diff != "" {
+		t.Errorf("ExternalAddrs after web left (-want +got):\n%s", diff)
+	}
+	if _, v := tr.Current().LookupExternal(service.TCP, netip.MustParseAddr("203.0.113.10"), 80); v != service.UnknownPort {
+		t.Errorf("other's externalIP on web's old port answers %v, want UnknownPort", v)
+	}
+	tr.OnServiceDelete(svc("ns1/other", "10.96.0.11", nil))
+	if got := tr.Current().ExternalAddrs(); got != nil {
+		t.Errorf("ExternalAddrs with no service: %v", got)
+	}
+}
+
+// TestExternalConflictLoserTakesOver: as TestTrackerConflictingClusterIPs,
+// for an externalIP:port and a NodePort.
+func TestExternalConflictLoserTakesOver(t *testing.T) {
+	objs := conflictObjects()
+	tr := syncedTracker(t, service.Config{}, objs...)
+	tr.OnServiceDelete(objs[2].(*v1.Service)) // ns1/a
+	ip := netip.MustParseAddr("192.168.99.50")
+	if p, _ := tr.Current().LookupExternal(service.TCP, ip, 80); p == nil || p.Name.Name != "b" {
+		t.Errorf("externalIP: the loser takes over, got %v", p)
+	}
+	if p, _ := tr.Current().LookupNodePort(service.TCP, service.IPv4, 30100); p == nil || p.Name.Name != "b" {
+		t.Errorf("NodePort: the loser takes over, got %v", p)
+	}
+}
+
+// TestExternalNoLocalEndpointsStats: sync_proxy_rules_no_local_endpoints_total
+// {traffic_policy="external"} counts the service ports (per family) whose
+// external traffic drops for want of a local endpoint (proxier.go
+// serviceNoLocalEndpointsTotalExternal), apart from the internal count.
+func TestExternalNoLocalEndpointsStats(t *testing.T) {
+	v4, v6 := discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6
+	p := eports(eport("http", v1.ProtocolTCP, 80))
+	s := svc("ns1/web", "172.30.0.41,fd00::41", ports(tcp("http", 80, intstr.FromInt32(80))),
+		svcType(v1.ServiceTypeNodePort), dualStack, nodePorts(30080), etpLocal)
+	remote4 := slice("ns1/web-v4", "web", v4, p, ep("10.0.0.2", onNode("node2")))
+	remote6 := slice("ns1/web-v6", "web", v6, p, ep("fd00::2", onNode("node2")))
+	tr := syncedTracker(t, service.Config{NodeName: "node1"}, s, remote4, remote6,
+		svc("ns1/itp", "172.30.0.42", ports(tcp("http", 80, intstr.FromInt32(80))), itpLocal),
+		slice("ns1/itp-1", "itp", v4, p, ep("10.0.0.3", onNode("node2"))),
+		// Local policy, but no endpoint anywhere: REJECT, not counted.
+		svc("ns1/empty", "172.30.0.43", ports(tcp("http", 80, intstr.FromInt32(80))), svcType(v1.ServiceTypeNodePort), nodePorts(30081), etpLocal))
+	if got, want := tr.Stats().NoLocalEndpoints, (service.NoLocalEndpointsCount{Internal: 1, External: 2}); got != want {
+		t.Errorf("NoLocalEndpoints %+v, want %+v", got, want)
+	}
+	tr.OnEndpointSliceUpdate(nil, slice("ns1/web-v4", "web", v4, p, ep("10.0.0.2", onNode("node2")), ep("10.0.0.1", onNode("node1"))))
+	if got, want := tr.Stats().NoLocalEndpoints, (service.NoLocalEndpointsCount{Internal: 1, External: 1}); got != want {
+		t.Errorf("after a local IPv4 endpoint came: NoLocalEndpoints %+v, want %+v", got, want)
+	}
+	tr.OnServiceDelete(s)
+	if got, want := tr.Stats().NoLocalEndpoints, (service.NoLocalEndpointsCount{Internal: 1}); got != want {
+		t.Errorf("after the service left: NoLocalEndpoints %+v, want %+v", got, want)
+	}
+}
+
+// TestExternalChangesReportEveryUsableSet: EndpointsAdded and
+// EndpointsRemoved cover the external and cluster sets as well as the
+// internal one (kube-proxy keeps a KUBE-SEP chain, and its recent list,
+// while any policy chain uses the endpoint).
+func TestExternalChangesReportEveryUsableSet(t *testing.T) {
+	var rec syncRecorder
+	tr := newTracker(t, service.NewManualClock(epoch), 0, &rec)
+	s := svc("ns1/web", "10.96.0.10", ports(tcp("http", 80, intstr.FromInt32(8080))), itpLocal,
+		svcType(v1.ServiceTypeNodePort), nodePorts(30080))
+	mk := func(eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+		return slice("ns1/web-1", "web", discoveryv1.AddressTypeIPv4, eports(eport("http", v1.ProtocolTCP, 8080)), eps...)
+	}
+	tr.OnServiceAdd(s)
+	tr.OnEndpointSliceAdd(mk(ep("10.0.0.1", onNode("node1")), ep("10.0.0.2", onNode("node2"))))
+	tr.OnSynced()
+	c := rec.changes[len(rec.changes)-1]
+	if len(c.Ports) != 1 || cmp.Diff([]string{"10.0.0.1:8080", "10.0.0.2:8080"}, c.Ports[0].EndpointsAdded) != "" {
+		t.Fatalf("first table: %+v", c.Ports)
+	}
+	// The remote endpoint leaves: only the NodePort (cluster set) used it.
+	tr.OnEndpointSliceUpdate(nil, mk(ep("10.0.0.1", onNode("node1"))))
+	c = rec.changes[len(rec.changes)-1]
+	if len(c.Ports) != 1 || cmp.Diff([]string{"10.0.0.2:8080"}, c.Ports[0].EndpointsRemoved) != "" || c.Ports[0].EndpointsAdded != nil {
+		t.Errorf("remote endpoint left: %+v", c.Ports)
+	}
+}

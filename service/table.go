@@ -116,7 +116,9 @@ func nameShard(n ServiceName) int {
 	return int(h & (numShards - 1))
 }
 
-// Lookup answers what to do with a new flow of protocol proto to ip:port.
+// Lookup answers what to do with a new flow of protocol proto to ip:port,
+// where ip is a ClusterIP (LookupExternal and LookupNodePort answer the
+// external destinations).
 // With Forward the *Port has the endpoints to pick from; with NoEndpoints or
 // NoLocalEndpoints it is the port that has none; with NotService and
 // UnknownPort it is nil. Lookup is O(1), lock-free and allocation-free.

@@ -220,26 +220,8 @@ func (t *Tracker) applyService(b *tableBuilder, ch *Changes, name ServiceName, s
 			b.added = append(b.added, np)
 		}
 	}
-	for _, ip := range st.ips {
-		if !slices.Contains(ips, ip) {
-			t.unmark(b, ip)
-		}
-	}
-	for _, ip := range ips {
-		if !slices.Contains(st.ips, ip) {
-			t.mark(b, ip)
-		}
-	}
-	for _, ip := range st.extIPs {
-		if !slices.Contains(extIPs, ip) {
-			t.unmarkExternal(b, ip)
-		}
-	}
-	for _, ip := range extIPs {
-		if !slices.Contains(st.extIPs, ip) {
-			t.markExternal(b, ip)
-		}
-	}
+	t.moveMarks(b, st.ips, ips, false)
+	t.moveMarks(b, st.extIPs, extIPs, true)
 	if !slices.Equal(old, fresh) {
 		b.setService(name, fresh)
 	}
@@ -348,6 +330,29 @@ func (t *Tracker) unclaimKey(b *tableBuilder, k lookupKey, p *Port) {
 		delete(t.conflicts, k)
 	} else {
 		t.conflicts[k] = waiting
+	}
+}
+
+// moveMarks unmarks the addresses of old that cur lacks, then marks those
+// of cur that old lacks: ClusterIPs, or external addresses.
+func (t *Tracker) moveMarks(b *tableBuilder, old, cur []netip.Addr, external bool) {
+	for _, ip := range old {
+		switch {
+		case slices.Contains(cur, ip):
+		case external:
+			t.unmarkExternal(b, ip)
+		default:
+			t.unmark(b, ip)
+		}
+	}
+	for _, ip := range cur {
+		switch {
+		case slices.Contains(old, ip):
+		case external:
+			t.markExternal(b, ip)
+		default:
+			t.mark(b, ip)
+		}
 	}
 }
 

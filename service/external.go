@@ -292,21 +292,11 @@ func (t *Table) LookupExternal(proto Protocol, ip netip.Addr, port uint16) (*Por
 	if t == nil || ip.Zone() != "" {
 		return nil, NotService
 	}
-	k := makeExternalKey(ip, port, proto)
-	m := t.index[ipShard(&k.addr)]
-	if m == nil {
-		return nil, NotService
+	p, v := t.find(makeExternalKey(ip, port, proto))
+	if p != nil {
+		return p, p.ExternalVerdict
 	}
-	if port != 0 && proto != 0 {
-		if p := m[k]; p != nil {
-			return p, p.ExternalVerdict
-		}
-	}
-	k.port, k.proto = 0, 0
-	if m[k] != nil {
-		return nil, UnknownPort
-	}
-	return nil, NotService
+	return nil, v
 }
 
 // LookupNodePort answers a new flow of protocol proto to NodePort port on a

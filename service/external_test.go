@@ -714,3 +714,20 @@ func TestExternalChangesReportEveryUsableSet(t *testing.T) {
 		t.Errorf("remote endpoint left: %+v", c.Ports)
 	}
 }
+
+// TestExternalLookupsDoNotAllocate: LookupExternal and LookupNodePort are
+// on the datapath's fast path, like Lookup.
+func TestExternalLookupsDoNotAllocate(t *testing.T) {
+	tr := syncedTracker(t, service.Config{}, conflictObjects()...)
+	tbl := tr.Current()
+	ip := netip.MustParseAddr("192.168.99.50")
+	n := testing.AllocsPerRun(100, func() {
+		tbl.LookupExternal(service.TCP, ip, 80)
+		tbl.LookupExternal(service.TCP, ip, 82)
+		tbl.LookupNodePort(service.TCP, service.IPv4, 30100)
+		tbl.ExternalAddrs()
+	})
+	if n != 0 {
+		t.Errorf("%v allocations per lookup round", n)
+	}
+}

@@ -128,14 +128,24 @@ func (t *Table) Lookup(proto Protocol, ip netip.Addr, port uint16) (*Port, Verdi
 	if t == nil || ip.Zone() != "" {
 		return nil, NotService
 	}
-	k := makeKey(ip, port, proto)
+	p, v := t.find(makeKey(ip, port, proto))
+	if p != nil {
+		return p, p.Verdict
+	}
+	return nil, v
+}
+
+// find returns the Port at an address key, or nil and UnknownPort when the
+// address is marked (known, but not with that port and protocol), or nil
+// and NotService. The caller takes the Port's verdict.
+func (t *Table) find(k lookupKey) (*Port, Verdict) {
 	m := t.index[ipShard(&k.addr)]
 	if m == nil {
 		return nil, NotService
 	}
-	if port != 0 && proto != 0 {
+	if k.port != 0 && k.proto != 0 {
 		if p := m[k]; p != nil {
-			return p, p.Verdict
+			return p, Forward
 		}
 	}
 	k.port, k.proto = 0, 0

@@ -101,7 +101,7 @@ func fakeSources() admin.Sources {
 		NetworkProgrammingLatency: service.Histogram{
 			Bounds: []float64{0.25, 0.5}, Buckets: []uint64{0, 1}, Count: 1, Sum: 0.3,
 		},
-		NoLocalEndpoints: service.NoLocalEndpointsCount{Internal: 1},
+		NoLocalEndpoints: service.NoLocalEndpointsCount{Internal: 1, External: 2},
 		Services:         3, Ports: 4, Skipped: 1,
 	}
 	return admin.Sources{
@@ -179,7 +179,7 @@ func TestMetricsExposition(t *testing.T) {
 		"userproxy_sync_proxy_rules_endpoint_changes_total 9",
 		"userproxy_sync_proxy_rules_service_changes_total 8",
 		`userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 1`,
-		`userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 0`,
+		`userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 2`,
 		`userproxy_network_programming_duration_seconds_bucket{le="0.5"} 1`,
 		"userproxy_network_programming_duration_seconds_count 1",
 		"userproxy_services 3",
@@ -220,7 +220,7 @@ func TestMetricsTypes(t *testing.T) {
 userproxy_ct_state_invalid_dropped_packets_total 3
 # HELP userproxy_sync_proxy_rules_no_local_endpoints_total Service ports with a Local traffic policy and no local endpoint, in the last table.
 # TYPE userproxy_sync_proxy_rules_no_local_endpoints_total gauge
-userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 0
+userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 2
 userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 1
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want),

@@ -8,10 +8,12 @@ package service
 // 2. buildLocked takes the marked services, sorted by name.
 // 3. computePorts computes their Ports, on several cores for a large build.
 // 4. applyService reuses each unchanged Port, records the changes
-//    (changes.go) and moves lookup keys and ClusterIP marks (claim, unclaim,
-//    mark, unmark); the DNS view follows (applyDNS, dns.go).
-// 5. buildLocked rebuilds the skipped list if it changed (flattenSkipped),
-//    publishes the table and records the sync's metrics.
+//    (changes.go) and moves lookup keys (ClusterIP, external and NodePort:
+//    portKeys) and address marks (claim, unclaim, mark, unmark); the DNS
+//    view follows (applyDNS, dns.go).
+// 5. buildLocked rebuilds the skipped list if it changed (flattenSkipped)
+//    and ExternalAddrs if an address came or went, publishes the table and
+//    records the sync's metrics.
 
 import (
 	"net/netip"
@@ -113,6 +115,7 @@ func (t *Tracker) buildLocked(start time.Time) (tbl *Table, ch Changes, ok bool)
 		b.t.skipped = t.flattenSkipped()
 	}
 	b.finishSorted()
+	b.finishExternalAddrs()
 	slices.SortFunc(ch.Ports, func(x, y PortChange) int {
 		return comparePorts(x.either(), y.either())
 	})
@@ -134,7 +137,7 @@ func (t *Tracker) buildLocked(start time.Time) (tbl *Table, ch Changes, ok bool)
 	t.stats.Syncs++
 	t.stats.LastSyncDuration = dur
 	t.stats.LastSyncTime = end
-	t.stats.NoLocalEndpoints.Internal = t.noLocal
+	t.stats.NoLocalEndpoints = t.noLocal
 	t.stats.Services = tbl.nServices
 	t.stats.Ports = tbl.nPorts
 	t.stats.Skipped = len(tbl.skipped)
@@ -184,6 +187,7 @@ func (t *Tracker) applyService(b *tableBuilder, ch *Changes, name ServiceName, s
 		ips = st.info.clusterIPs
 		skipped = st.info.skipped
 	}
+	extIPs := externalAddrs(fresh)
 	old := st.ports
 
 	changed := false
@@ -216,20 +220,13 @@ func (t *Tracker) applyService(b *tableBuilder, ch *Changes, name ServiceName, s
 			b.added = append(b.added, np)
 		}
 	}
-	for _, ip := range st.ips {
-		if !slices.Contains(ips, ip) {
-			t.unmark(b, ip)
-		}
-	}
-	for _, ip := range ips {
-		if !slices.Contains(st.ips, ip) {
-			t.mark(b, ip)
-		}
-	}
+	t.moveMarks(b, st.ips, ips, false)
+	t.moveMarks(b, st.extIPs, extIPs, true)
 	if !slices.Equal(old, fresh) {
 		b.setService(name, fresh)
 	}
-	t.noLocal += countNoLocal(fresh) - countNoLocal(old)
+	t.noLocal.add(countNoLocal(fresh), 1)
+	t.noLocal.add(countNoLocal(old), -1)
 
 	switch {
 	case len(old) == 0 && len(fresh) > 0:
@@ -239,7 +236,7 @@ func (t *Tracker) applyService(b *tableBuilder, ch *Changes, name ServiceName, s
 	case changed:
 		ch.Changed = append(ch.Changed, name)
 	}
-	st.ports, st.ips = fresh, ips
+	st.ports, st.ips, st.extIPs = fresh, ips, extIPs
 
 	if slices.Equal(st.skipped, skipped) {
 		return false
@@ -253,24 +250,43 @@ func (t *Tracker) applyService(b *tableBuilder, ch *Changes, name ServiceName, s
 	return true
 }
 
-func countNoLocal(ps []*Port) int {
-	n := 0
+// countNoLocal counts the ports of ps that drop for want of a local
+// endpoint, per traffic policy: kube-proxy's
+// serviceNoLocalEndpointsTotalInternal and ...External (proxier.go
+// syncProxyRules), one per service port and family. A port without
+// external destination is not counted for the external policy (see
+// NoLocalEndpointsCount).
+func countNoLocal(ps []*Port) NoLocalEndpointsCount {
+	var n NoLocalEndpointsCount
 	for _, p := range ps {
 		if p.Verdict == NoLocalEndpoints {
-			n++
+			n.Internal++
+		}
+		if p.ExternalVerdict == NoLocalEndpoints {
+			n.External++
 		}
 	}
 	return n
 }
 
-func portKey(p *Port) lookupKey { return makeKey(p.ClusterIP, p.Port, p.Protocol) }
+func (n *NoLocalEndpointsCount) add(o NoLocalEndpointsCount, sign int) {
+	n.Internal += sign * o.Internal
+	n.External += sign * o.External
+}
 
-// claim makes p answer its lookup key, unless a Port with a lower name holds
-// it already: then p waits in conflicts. The API server never allocates one
-// ClusterIP twice, but files can say anything; the lower name wins so the
-// outcome does not depend on event order.
+// claim makes p answer each of its lookup keys (portKeys), unless a Port
+// with a lower name holds the key already: then p waits in conflicts for
+// it. The API server never allocates one ClusterIP or NodePort twice, but
+// externalIPs are the user's to choose, and files can say anything; the
+// lower name wins so the outcome does not depend on event order.
 func (t *Tracker) claim(b *tableBuilder, p *Port) {
-	k := portKey(p)
+	t.keys = portKeys(t.keys[:0], p)
+	for _, k := range t.keys {
+		t.claimKey(b, k, p)
+	}
+}
+
+func (t *Tracker) claimKey(b *tableBuilder, k lookupKey, p *Port) {
 	cur := b.get(k)
 	switch {
 	case cur == nil:
@@ -283,9 +299,15 @@ func (t *Tracker) claim(b *tableBuilder, p *Port) {
 	}
 }
 
-// unclaim releases p's lookup key, promoting the best waiting Port.
+// unclaim releases p's lookup keys, promoting the best waiting Port of each.
 func (t *Tracker) unclaim(b *tableBuilder, p *Port) {
-	k := portKey(p)
+	t.keys = portKeys(t.keys[:0], p)
+	for _, k := range t.keys {
+		t.unclaimKey(b, k, p)
+	}
+}
+
+func (t *Tracker) unclaimKey(b *tableBuilder, k lookupKey, p *Port) {
 	waiting := t.conflicts[k]
 	if b.get(k) != p {
 		if i := slices.Index(waiting, p); i >= 0 {
@@ -311,25 +333,71 @@ func (t *Tracker) unclaim(b *tableBuilder, p *Port) {
 	}
 }
 
-func (t *Tracker) mark(b *tableBuilder, ip netip.Addr) {
-	k := makeKey(ip, 0, 0)
-	if b.get(k) != nil {
-		t.ipExtra[ip]++
-		return
+// moveMarks unmarks the addresses of old that cur lacks, then marks those
+// of cur that old lacks: ClusterIPs, or external addresses.
+func (t *Tracker) moveMarks(b *tableBuilder, old, cur []netip.Addr, external bool) {
+	for _, ip := range old {
+		switch {
+		case slices.Contains(cur, ip):
+		case external:
+			t.unmarkExternal(b, ip)
+		default:
+			t.unmark(b, ip)
+		}
 	}
-	b.setIndex(k, ipMarker)
+	for _, ip := range cur {
+		switch {
+		case slices.Contains(old, ip):
+		case external:
+			t.markExternal(b, ip)
+		default:
+			t.mark(b, ip)
+		}
+	}
 }
 
-func (t *Tracker) unmark(b *tableBuilder, ip netip.Addr) {
-	if n := t.ipExtra[ip]; n > 0 {
-		if n == 1 {
-			delete(t.ipExtra, ip)
-		} else {
-			t.ipExtra[ip] = n - 1
-		}
-		return
+// mark records that one more service has ip as a ClusterIP; unmark, one
+// less. The (ip, 0, 0) entry exists while at least one does.
+func (t *Tracker) mark(b *tableBuilder, ip netip.Addr) { t.markKey(b, makeKey(ip, 0, 0)) }
+
+func (t *Tracker) unmark(b *tableBuilder, ip netip.Addr) { t.unmarkKey(b, makeKey(ip, 0, 0)) }
+
+// markExternal and unmarkExternal do the same for external addresses, and
+// keep ExternalAddrs: an address is in it while a service marks it.
+func (t *Tracker) markExternal(b *tableBuilder, ip netip.Addr) {
+	if t.markKey(b, makeExternalKey(ip, 0, 0)) {
+		b.extAdded = append(b.extAdded, ip)
 	}
-	b.setIndex(makeKey(ip, 0, 0), nil)
+}
+
+func (t *Tracker) unmarkExternal(b *tableBuilder, ip netip.Addr) {
+	if t.unmarkKey(b, makeExternalKey(ip, 0, 0)) {
+		b.extRemoved = append(b.extRemoved, ip)
+	}
+}
+
+// markKey reports whether it created the marker; unmarkKey, whether it
+// removed it.
+func (t *Tracker) markKey(b *tableBuilder, k lookupKey) bool {
+	if b.get(k) != nil {
+		t.markExtra[k]++
+		return false
+	}
+	b.setIndex(k, ipMarker)
+	return true
+}
+
+func (t *Tracker) unmarkKey(b *tableBuilder, k lookupKey) bool {
+	if n := t.markExtra[k]; n > 0 {
+		if n == 1 {
+			delete(t.markExtra, k)
+		} else {
+			t.markExtra[k] = n - 1
+		}
+		return false
+	}
+	b.setIndex(k, nil)
+	return true
 }
 
 func (t *Tracker) flattenSkipped() []Skipped {

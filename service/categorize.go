@@ -22,7 +22,9 @@ import (
 //     verdict (proxier.go syncProxyRules: no endpoints -> REJECT, Local
 //     policy and none local -> DROP);
 //  5. for UDP, note the addresses of every serving endpoint, whatever the
-//     policy and topology: the flows conntrack cleanup keeps.
+//     policy and topology: the flows conntrack cleanup keeps;
+//  6. for a port with external destinations, the external and cluster
+//     endpoint sets and the external verdict (setExternal, external.go).
 
 // nodeInfo is what endpoint selection needs to know about this node.
 type nodeInfo struct {
@@ -48,7 +50,8 @@ func buildPorts(info *svcInfo, sl []*sliceInfo, node nodeInfo, sc *scratch) []*P
 	ports := make([]*Port, 0, len(info.clusterIPs)*len(info.ports))
 	for _, ip := range info.clusterIPs {
 		fam := familyOf(ip)
-		for _, ps := range info.ports {
+		ext := info.ext.forFamily(fam)
+		for i, ps := range info.ports {
 			eps := gatherEndpoints(sl, fam, ps, node, sc)
 			p := &Port{
 				Name:                       PortName{info.name.Namespace, info.name.Name, ps.Name},
@@ -60,12 +63,19 @@ func buildPorts(info *svcInfo, sl []*sliceInfo, node nodeInfo, sc *scratch) []*P
 				Affinity:                   info.affinity,
 				Scheduler:                  info.scheduler,
 				InternalTrafficPolicyLocal: info.itpLocal,
+				NodePort:                   info.nodePorts[i],
+				ExternalIPs:                ext.externalIPs,
+				LoadBalancerIPs:            ext.lbIPs,
+				SourceRanges:               ext.sourceRanges,
+				ExternalPolicyLocal:        info.ext.policyLocal,
+				HealthCheckNodePort:        info.ext.healthCheckNodePort,
 			}
 			p.Endpoints, p.Topology, p.Verdict = categorize(eps, info.itpLocal, node)
 			p.EndpointKeys = endpointKeys(p.Endpoints, sc)
 			if p.Protocol == UDP {
 				p.Serving = servingAddrs(eps)
 			}
+			setExternal(p, eps, node, sc)
 			ports = append(ports, p)
 		}
 	}

@@ -43,10 +43,12 @@ type PortChange struct {
 	Family   Family
 	Old, New *Port
 	// EndpointsAdded and EndpointsRemoved are the endpoint keys ("ip:port")
-	// that entered or left the port's usable endpoints, sorted. A removed
-	// port removes all of its endpoints. The proxy drops the affinity state
-	// of removed endpoints. Read-only: they may share memory with the Ports'
-	// EndpointKeys.
+	// that entered or left the port's usable endpoints — those of any of
+	// its sets (Endpoints, ExternalEndpoints, ClusterEndpoints), kube-proxy's
+	// allLocallyReachableEndpoints, whose KUBE-SEP chains (and recent lists)
+	// the sets share — sorted. A removed port removes all of its endpoints.
+	// The proxy drops the affinity state of removed endpoints. Read-only:
+	// they may share memory with the Ports' EndpointKeys.
 	EndpointsAdded, EndpointsRemoved []string
 	// StaleUDP, for a UDP port, are the endpoints whose flows must end: they
 	// served (or were usable) before and serve no more, sorted by key.
@@ -74,11 +76,11 @@ func newPortChange(old, cur *Port) PortChange {
 	c.Name, c.Protocol, c.Family = p.Name, p.Protocol, p.Family
 	switch {
 	case old == nil:
-		c.EndpointsAdded = cur.EndpointKeys
+		c.EndpointsAdded = usableKeys(cur)
 	case cur == nil:
-		c.EndpointsRemoved = old.EndpointKeys
+		c.EndpointsRemoved = usableKeys(old)
 	default:
-		c.EndpointsAdded, c.EndpointsRemoved = diffSorted(old.EndpointKeys, cur.EndpointKeys)
+		c.EndpointsAdded, c.EndpointsRemoved = diffSorted(usableKeys(old), usableKeys(cur))
 	}
 	if c.Protocol == UDP && old != nil {
 		c.StaleUDP = staleUDP(old, cur)
@@ -91,6 +93,45 @@ func (c *PortChange) either() *Port {
 		return c.New
 	}
 	return c.Old
+}
+
+// usableKeys returns the keys of every endpoint of p's sets, sorted and
+// distinct: EndpointKeys itself unless an external set holds others.
+func usableKeys(p *Port) []string {
+	keys := p.EndpointKeys
+	for _, other := range [2][]string{p.ExternalEndpointKeys, p.ClusterEndpointKeys} {
+		if len(other) == 0 || sameStrings(keys, other) {
+			continue
+		}
+		keys = mergeSorted(keys, other)
+	}
+	return keys
+}
+
+// sameStrings reports whether a and b are the same slice (shared memory).
+func sameStrings(a, b []string) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// mergeSorted returns the sorted union of two sorted, distinct lists.
+func mergeSorted(a, b []string) []string {
+	out := make([]string, 0, len(a)+len(b))
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b) || (i < len(a) && a[i] < b[j]):
+			out = append(out, a[i])
+			i++
+		case i == len(a) || b[j] < a[i]:
+			out = append(out, b[j])
+			j++
+		default:
+			out = append(out, a[i])
+			i++
+			j++
+		}
+	}
+	return out
 }
 
 // diffSorted returns the strings only in b (added) and only in a (removed);
@@ -114,15 +155,20 @@ func diffSorted(a, b []string) (added, removed []string) {
 }
 
 // staleUDP returns the endpoints whose UDP flows end when old becomes cur
-// (nil: removed): those of old's serving or usable endpoints that are not
-// serving in cur, unless nothing serves in cur.
+// (nil: removed): those of old's serving or usable endpoints (of any set:
+// internal, external or cluster) that are not serving in cur, unless
+// nothing serves in cur. Serving holds every serving endpoint whatever the
+// policies, so an endpoint that serves external traffic only keeps its
+// flows as long as it serves.
 func staleUDP(old, cur *Port) []netip.AddrPort {
 	if cur != nil && len(cur.Serving) == 0 {
 		return nil
 	}
 	before := slices.Clone(old.Serving)
-	for i := range old.Endpoints {
-		before = append(before, old.Endpoints[i].Addr)
+	for _, set := range [3][]Endpoint{old.Endpoints, old.ExternalEndpoints, old.ClusterEndpoints} {
+		for i := range set {
+			before = append(before, set[i].Addr)
+		}
 	}
 	slices.SortFunc(before, netip.AddrPort.Compare)
 	before = slices.Compact(before)

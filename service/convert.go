@@ -28,6 +28,12 @@ type svcInfo struct {
 	// ports are the proxied ports, in spec order (they are also the DNS
 	// view's ports of a service with a ClusterIP).
 	ports []DNSPort
+	// nodePorts are the ports' spec.ports[].nodePort, index for index; 0
+	// for none or out of range.
+	nodePorts []uint16
+	// ext is what the service says about external destinations
+	// (external.go).
+	ext externalInfo
 	// skipped lists the whole service (when skip != "") or its skipped ports.
 	skipped   []Skipped
 	affinity  Affinity
@@ -50,7 +56,8 @@ func newSvcInfo(s *v1.Service, checkScheduler func(name, flags string) error) *s
 	info := &svcInfo{name: ServiceName{s.Namespace, s.Name}}
 	skipAll := func(reason string) *svcInfo {
 		info.skip = reason
-		info.clusterIPs, info.ports = nil, nil
+		info.clusterIPs, info.ports, info.nodePorts = nil, nil, nil
+		info.ext = externalInfo{}
 		info.skipped = []Skipped{{Service: info.name, Reason: reason}}
 		return info
 	}
@@ -111,6 +118,7 @@ func newSvcInfo(s *v1.Service, checkScheduler func(name, flags string) error) *s
 			return skipAll(fmt.Sprintf("annotation %s: %v", AnnotationScheduler, err))
 		}
 	}
+	info.ext = newExternalInfo(s)
 
 	for _, sp := range s.Spec.Ports {
 		skipPort := func(reason string) {
@@ -145,6 +153,11 @@ func newSvcInfo(s *v1.Service, checkScheduler func(name, flags string) error) *s
 			continue
 		}
 		info.ports = append(info.ports, ps)
+		var np uint16
+		if sp.NodePort > 0 && sp.NodePort <= 65535 {
+			np = uint16(sp.NodePort)
+		}
+		info.nodePorts = append(info.nodePorts, np)
 	}
 	info.dns = DNSService{Name: info.name, ClusterIPs: info.clusterIPs, Ports: info.ports}
 	info.hasDNS = true

@@ -26,14 +26,24 @@
 //     informer never lists (cmd/kube-proxy/app/server.go), feed the DNS
 //     view only;
 //   - what a flow gets: proxier.go syncProxyRules (no endpoints: REJECT;
-//     Local policy with no local endpoint: DROP).
+//     Local policy with no local endpoint: DROP);
+//   - external destinations (external.go): NodePorts, externalIPs and
+//     load-balancer IPs with ipMode unset or VIP, per family, as
+//     serviceport.go newBaseServiceInfo reads them; externalTrafficPolicy
+//     Local (local endpoints, terminating fallback, none: DROP) and the
+//     KUBE-EXT short-circuit to the cluster set for traffic from this host;
+//     loadBalancerSourceRanges (KUBE-FW) for LB IPs. Table.Lookup answers
+//     ClusterIPs, LookupExternal externalIPs and LB IPs, LookupNodePort
+//     NodePorts; ExternalAddrs lists the addresses to route.
 //
 // Deliberate differences: one Port per IP family of a dual-stack service
 // (kube-proxy runs one proxier per family, which is the same thing); where
 // two slices carry the same endpoint the first slice by name wins (kube-proxy
 // keeps an arbitrary copy; both prefer a local one); node hints
-// (PreferSameNode) always apply, as with kube-proxy's feature gate on;
-// external traffic (NodePort, LoadBalancer, externalIPs) is not modelled yet.
+// (PreferSameNode) always apply, as with kube-proxy's feature gate on; two
+// services claiming one external IP:port or NodePort resolve to the lower
+// name (kube-proxy's outcome depends on map order); the source ranges'
+// allowance for the node's own LB IPs is not modelled (see AllowsSource).
 //
 // Concurrency: a Table is immutable and read without locks; a Tracker is
 // safe for concurrent use and owns no goroutine (builds run in the caller's

@@ -21,6 +21,8 @@ type outcome struct {
 	Port      string // the answering Port's name, if any
 	Endpoints []string
 	Affinity  service.Affinity
+	// Firewalled: dropped by loadBalancerSourceRanges (external_test.go).
+	Firewalled bool
 }
 
 func forward(port string, eps ...string) outcome {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -24,6 +25,7 @@ func TestStaleUDPFollowsServing(t *testing.T) {
 	cases := []struct {
 		name      string
 		itpLocal  bool
+		nodePort  bool // type NodePort (nodePort 30053): external traffic uses the cluster set
 		before    []discoveryv1.Endpoint
 		after     []discoveryv1.Endpoint // nil: the Service is deleted
 		wantStale []string
@@ -63,6 +65,19 @@ func TestStaleUDPFollowsServing(t *testing.T) {
 			after:    []discoveryv1.Endpoint{ep("10.0.0.1", local, terminating(true)), ep("10.0.0.2", elsewhere)},
 		},
 		{
+			name:     "NodePort, Local internal policy: a remote endpoint that serves external traffic only keeps its flows",
+			itpLocal: true, nodePort: true,
+			before: []discoveryv1.Endpoint{ep("10.0.0.1", local), ep("10.0.0.2", elsewhere)},
+			after:  []discoveryv1.Endpoint{ep("10.0.0.1", local), ep("10.0.0.2", elsewhere, terminating(true))},
+		},
+		{
+			name:     "NodePort, Local internal policy: the remote endpoint stops serving",
+			itpLocal: true, nodePort: true,
+			before:    []discoveryv1.Endpoint{ep("10.0.0.1", local), ep("10.0.0.2", elsewhere)},
+			after:     []discoveryv1.Endpoint{ep("10.0.0.1", local), ep("10.0.0.2", elsewhere, terminating(false))},
+			wantStale: []string{"10.0.0.2:5353"},
+		},
+		{
 			name:   "no endpoint serves any more: nothing is cleaned",
 			before: []discoveryv1.Endpoint{ep("10.0.0.1"), ep("10.0.0.2")},
 			after:  []discoveryv1.Endpoint{ep("10.0.0.1", terminating(false)), ep("10.0.0.2", terminating(false))},
@@ -85,6 +100,10 @@ func TestStaleUDPFollowsServing(t *testing.T) {
 			s := svc("ns1/dns", "10.96.0.10", dnsPort)
 			if c.itpLocal {
 				itpLocal(s)
+			}
+			if c.nodePort {
+				svcType(v1.ServiceTypeNodePort)(s)
+				nodePorts(30053)(s)
 			}
 			tr.OnServiceAdd(s)
 			tr.OnEndpointSliceAdd(slice("ns1/dns-1", "dns", discoveryv1.AddressTypeIPv4, eports(eport("dns", "UDP", 5353)), c.before...))

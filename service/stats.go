@@ -46,8 +46,12 @@ type Stats struct {
 type NoLocalEndpointsCount struct {
 	// Internal: internalTrafficPolicy Local (traffic_policy="internal").
 	Internal int
-	// External: externalTrafficPolicy Local; always 0 until external
-	// traffic (NodePort, LoadBalancer) is proxied (traffic_policy="external").
+	// External: externalTrafficPolicy Local, counted per service port
+	// and family with an external destination (NodePort, externalIP or
+	// LB IP of that family) whose ExternalVerdict is NoLocalEndpoints
+	// (traffic_policy="external"). kube-proxy also counts a port of such a
+	// service that has no external destination of its family (it never
+	// computes local endpoints for it); we do not, as nothing is dropped.
 	External int
 }
 

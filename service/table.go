@@ -16,13 +16,18 @@ import (
 // applying one change costs one shard copy rather than a full rebuild.
 type Table struct {
 	// index maps (IP, port, protocol) to its Port, and (IP, 0, 0) to
-	// ipMarker for every ClusterIP of a proxied service.
+	// ipMarker for every ClusterIP of a proxied service; likewise, under
+	// their own key kinds, externalIPs and LB IPs, and NodePorts (keyed by
+	// family, port and protocol).
 	index [numShards]map[lookupKey]*Port
 	// byService maps a service to its Ports, for Ports and Services.
 	byService [numShards]map[ServiceName][]*Port
 
 	// sorted holds every Port in Ports order, in chunks (see finishSorted).
 	sorted [][]*Port
+	// extAddrs is ExternalAddrs: sorted, distinct, replaced (not modified)
+	// when it changes.
+	extAddrs []netip.Addr
 
 	// The DNS view (dns.go): services by name, ClusterIP -> service for
 	// PTR records, and the namespaces that have a service.
@@ -42,17 +47,44 @@ const (
 	numShards = 1 << shardBits
 )
 
-// lookupKey is a plain 20-byte value, so map hashing needs no pointer
-// handling: the address in 16-byte form, its family, port and protocol.
+// lookupKey is a plain 22-byte value, so map hashing needs no pointer
+// handling: the address in 16-byte form, its family, port and protocol,
+// and what kind of destination it is.
 type lookupKey struct {
 	addr  [16]byte
 	port  uint16
 	proto Protocol
 	is4   bool
+	kind  keyKind
 }
+
+// keyKind tells the destinations apart in the one index: a ClusterIP, an
+// externalIP or LB IP, a NodePort.
+type keyKind uint8
+
+const (
+	kindCluster keyKind = iota
+	kindExternal
+	kindNodePort
+)
 
 func makeKey(ip netip.Addr, port uint16, proto Protocol) lookupKey {
 	return lookupKey{addr: ip.As16(), port: port, proto: proto, is4: ip.Is4()}
+}
+
+func makeExternalKey(ip netip.Addr, port uint16, proto Protocol) lookupKey {
+	k := makeKey(ip, port, proto)
+	k.kind = kindExternal
+	return k
+}
+
+// makeNodePortKey keys a NodePort of one family. The port number is also
+// written into the address bytes, so that ipShard spreads NodePorts over
+// the shards and a change copies one small shard.
+func makeNodePortKey(fam Family, port uint16, proto Protocol) lookupKey {
+	k := lookupKey{port: port, proto: proto, is4: fam == IPv4, kind: kindNodePort}
+	k.addr[14], k.addr[15] = byte(port>>8), byte(port)
+	return k
 }
 
 // ipMarker is the value of the (ClusterIP, 0, 0) entries: "this IP is a
@@ -84,7 +116,9 @@ func nameShard(n ServiceName) int {
 	return int(h & (numShards - 1))
 }
 
-// Lookup answers what to do with a new flow of protocol proto to ip:port.
+// Lookup answers what to do with a new flow of protocol proto to ip:port,
+// where ip is a ClusterIP (LookupExternal and LookupNodePort answer the
+// external destinations).
 // With Forward the *Port has the endpoints to pick from; with NoEndpoints or
 // NoLocalEndpoints it is the port that has none; with NotService and
 // UnknownPort it is nil. Lookup is O(1), lock-free and allocation-free.
@@ -94,14 +128,24 @@ func (t *Table) Lookup(proto Protocol, ip netip.Addr, port uint16) (*Port, Verdi
 	if t == nil || ip.Zone() != "" {
 		return nil, NotService
 	}
-	k := makeKey(ip, port, proto)
+	p, v := t.find(makeKey(ip, port, proto))
+	if p != nil {
+		return p, p.Verdict
+	}
+	return nil, v
+}
+
+// find returns the Port at an address key, or nil and UnknownPort when the
+// address is marked (known, but not with that port and protocol), or nil
+// and NotService. The caller takes the Port's verdict.
+func (t *Table) find(k lookupKey) (*Port, Verdict) {
 	m := t.index[ipShard(&k.addr)]
 	if m == nil {
 		return nil, NotService
 	}
-	if port != 0 && proto != 0 {
+	if k.port != 0 && k.proto != 0 {
 		if p := m[k]; p != nil {
-			return p, p.Verdict
+			return p, Forward
 		}
 	}
 	k.port, k.proto = 0, 0
@@ -192,6 +236,9 @@ type tableBuilder struct {
 	touched bool
 	// removed and added are the Ports leaving and entering the table.
 	removed, added []*Port
+	// extRemoved and extAdded are the addresses leaving and entering
+	// ExternalAddrs.
+	extRemoved, extAdded []netip.Addr
 }
 
 // newTableBuilder starts a table from prev (nil for the first) that about
@@ -202,6 +249,7 @@ func newTableBuilder(prev *Table, changes int) *tableBuilder {
 		t.index = prev.index
 		t.byService = prev.byService
 		t.sorted = prev.sorted
+		t.extAddrs = prev.extAddrs
 		t.nPorts, t.nServices = prev.nPorts, prev.nServices
 		t.skipped = prev.skipped
 		t.generation = prev.generation
@@ -294,6 +342,30 @@ func (b *tableBuilder) finishSorted() {
 }
 
 const chunkSize = 128
+
+// finishExternalAddrs computes the new table's ExternalAddrs, copying the
+// list only when an address came or went.
+func (b *tableBuilder) finishExternalAddrs() {
+	if len(b.extRemoved) == 0 && len(b.extAdded) == 0 {
+		return
+	}
+	addrs := slices.Clone(b.t.extAddrs)
+	for _, a := range b.extRemoved {
+		if i, ok := slices.BinarySearchFunc(addrs, a, netip.Addr.Compare); ok {
+			addrs = slices.Delete(addrs, i, i+1)
+		}
+	}
+	for _, a := range b.extAdded {
+		if i, ok := slices.BinarySearchFunc(addrs, a, netip.Addr.Compare); !ok {
+			addrs = slices.Insert(addrs, i, a)
+		}
+	}
+	if len(addrs) == 0 {
+		addrs = nil
+	}
+	b.t.extAddrs = addrs
+	b.touched = true
+}
 
 // findChunk returns the chunk that holds p or would: the first whose last
 // Port does not sort before p, or the last chunk.

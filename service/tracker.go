@@ -89,17 +89,20 @@ type Tracker struct {
 	timer     Timer
 	timerGen  uint64
 	// conflicts holds, per lookup key, the Ports that lost it to another
-	// service's Port with a lower name; ipExtra counts the services beyond
-	// the first that claim a ClusterIP.
+	// service's Port with a lower name; markExtra counts, per marker key
+	// (ClusterIP or external address), the services beyond the first that
+	// mark it.
 	conflicts map[lookupKey][]*Port
-	ipExtra   map[netip.Addr]int
+	markExtra map[lookupKey]int
+	// keys is claim's and unclaim's buffer.
+	keys []lookupKey
 	// ptrWaiting holds, per ClusterIP, the services that lost its PTR
 	// record to a lower name; nsRefs counts the DNS view's services per
 	// namespace.
 	ptrWaiting map[netip.Addr][]ServiceName
 	nsRefs     map[string]int
 	skipped    map[ServiceName][]Skipped
-	noLocal    int
+	noLocal    NoLocalEndpointsCount
 	scratch    scratch
 
 	stats           Stats
@@ -116,6 +119,7 @@ type svcState struct {
 	// As applied to the current table:
 	ports    []*Port
 	ips      []netip.Addr
+	extIPs   []netip.Addr
 	skipped  []Skipped
 	dns      *DNSService
 	triggers []time.Time
@@ -138,7 +142,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		start:           cfg.Clock.Now(),
 		services:        make(map[ServiceName]*svcState),
 		conflicts:       make(map[lookupKey][]*Port),
-		ipExtra:         make(map[netip.Addr]int),
+		markExtra:       make(map[lookupKey]int),
 		ptrWaiting:      make(map[netip.Addr][]ServiceName),
 		nsRefs:          make(map[string]int),
 		skipped:         make(map[ServiceName][]Skipped),

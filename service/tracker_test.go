@@ -251,11 +251,13 @@ func TestTrackerChanges(t *testing.T) {
 		t.Errorf("deleted service still answers %v", v)
 	}
 
-	// A status-only update changes nothing: no table.
+	// A status-only update with nothing the proxy reads changes nothing: no
+	// table. (An ingress IP is read, whatever the type, as kube-proxy's
+	// newBaseServiceInfo reads it; an ingress hostname is not.)
 	n := len(rec.tables)
 	o := svc("ns1/other", "10.96.0.11", ports(udp("dns", 53, intstr.FromInt32(53))))
 	o.ResourceVersion = "42"
-	o.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "1.2.3.4"}}
+	o.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{Hostname: "lb.example.com"}}
 	tr.OnServiceUpdate(nil, o)
 	if len(rec.tables) != n {
 		t.Errorf("a no-op update published a table")
@@ -448,6 +450,28 @@ func TestTrackerIncrementalMatchesFresh(t *testing.T) {
 		case 2:
 			s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", nil
 		}
+		// External destinations from small pools, so that they collide
+		// too (an externalIP of one service is an LB IP of another).
+		extIP := func() string { return fmt.Sprintf("192.168.0.%d", rng.IntN(4)) }
+		switch rng.IntN(4) {
+		case 0:
+			svcType(v1.ServiceTypeNodePort)(s)
+			for i := range s.Spec.Ports {
+				s.Spec.Ports[i].NodePort = int32(30000 + rng.IntN(3))
+			}
+		case 1:
+			svcType(v1.ServiceTypeLoadBalancer)(s)
+			ingress(extIP(), "")(s)
+			if rng.IntN(2) == 0 {
+				ingress(extIP(), v1.LoadBalancerIPModeProxy)(s)
+			}
+		}
+		if rng.IntN(3) == 0 {
+			externalIPs(extIP())(s)
+		}
+		if rng.IntN(2) == 0 {
+			etpLocal(s)
+		}
 		return s
 	}
 	randSlice := func(name, svcName string) *discoveryv1.EndpointSlice {
@@ -511,6 +535,9 @@ func TestTrackerIncrementalMatchesFresh(t *testing.T) {
 		if diff := cmp.Diff(tableView(fresh.Current()), tableView(inc.Current())); diff != "" {
 			t.Fatalf("step %d: incremental table differs from a fresh build (-fresh +incremental):\n%s", step, diff)
 		}
+		if f, i := fresh.Stats().NoLocalEndpoints, inc.Stats().NoLocalEndpoints; f != i {
+			t.Fatalf("step %d: NoLocalEndpoints fresh %+v, incremental %+v", step, f, i)
+		}
 	}
 }
 
@@ -532,8 +559,33 @@ func tableView(tbl *service.Table) []string {
 			out = append(out, line)
 		}
 	}
+	for i := range 5 {
+		ip := netip.MustParseAddr(fmt.Sprintf("192.168.0.%d", i))
+		for _, pp := range []struct {
+			proto service.Protocol
+			port  uint16
+		}{{service.TCP, 80}, {service.UDP, 53}} {
+			p, v := tbl.LookupExternal(pp.proto, ip, pp.port)
+			line := fmt.Sprintf("external %s %s:%d %v", pp.proto, ip, pp.port, v)
+			if p != nil {
+				line += fmt.Sprintf(" %s %v", p.Name, p.ExternalEndpointKeys)
+			}
+			out = append(out, line)
+		}
+	}
+	for np := uint16(30000); np < 30004; np++ {
+		for _, proto := range []service.Protocol{service.TCP, service.UDP} {
+			p, v := tbl.LookupNodePort(proto, service.IPv4, np)
+			line := fmt.Sprintf("nodeport %s %d %v", proto, np, v)
+			if p != nil {
+				line += fmt.Sprintf(" %s %v", p.Name, p.ExternalEndpointKeys)
+			}
+			out = append(out, line)
+		}
+	}
+	out = append(out, fmt.Sprintf("external addrs %v", tbl.ExternalAddrs()))
 	for _, p := range tbl.Ports() {
-		out = append(out, fmt.Sprintf("port %s %s %s %v", p.Name, p.Protocol, p.ClusterIP, p.Verdict))
+		out = append(out, fmt.Sprintf("port %s %s %s %v %v", p.Name, p.Protocol, p.ClusterIP, p.Verdict, p.ExternalVerdict))
 	}
 	out = append(out, fmt.Sprintf("len %d services %d skipped %d", tbl.Len(), tbl.Services(), len(tbl.Skipped())))
 	return out

@@ -209,9 +209,11 @@ const (
 	// NoEndpoints: the service port has no usable endpoint anywhere. REJECT
 	// (kube-proxy's KUBE-SERVICES "has no endpoints" reject rule).
 	NoEndpoints
-	// NoLocalEndpoints: internalTrafficPolicy Local and no usable endpoint on
-	// this node, though there are some elsewhere. DROP (kube-proxy's
-	// "has no local endpoints" drop rule).
+	// NoLocalEndpoints: internalTrafficPolicy Local (for Verdict) or
+	// externalTrafficPolicy Local (for ExternalVerdict) and no usable
+	// endpoint on this node, though there are some elsewhere. DROP
+	// (kube-proxy's "has no local endpoints" drop rules in KUBE-SERVICES
+	// and KUBE-EXTERNAL-SERVICES).
 	NoLocalEndpoints
 	// Forward: pick one of Port.Endpoints.
 	Forward
@@ -288,24 +290,76 @@ type Port struct {
 	// Verdict is what a lookup of this port answers: Forward, NoEndpoints
 	// or NoLocalEndpoints.
 	Verdict Verdict
+
+	// External destinations, of this Port's family only (kube-proxy
+	// pkg/proxy/serviceport.go newBaseServiceInfo; see external.go).
+
+	// NodePort is spec.ports[].nodePort, 0 when none.
+	NodePort uint16
+	// ExternalIPs are spec.externalIPs of this family, in spec order,
+	// without repeats; invalid entries are left out.
+	ExternalIPs []netip.Addr
+	// LoadBalancerIPs are status.loadBalancer.ingress[].ip of this family
+	// whose ipMode is unset or VIP, in status order, without repeats. An
+	// ingress IP with ipMode Proxy is not captured: the load balancer
+	// delivers that traffic to the nodes itself.
+	LoadBalancerIPs []netip.Addr
+	// SourceRanges are spec.loadBalancerSourceRanges of this family,
+	// trimmed, parsed and masked; invalid entries are left out. Empty
+	// (also when every range is of the other family) lets every source in.
+	// They apply to LoadBalancerIPs only (AllowsSource, Firewalls).
+	SourceRanges []netip.Prefix
+	// ExternalPolicyLocal is externalTrafficPolicy: Local on a service that
+	// is externally accessible (type NodePort or LoadBalancer, or
+	// ClusterIP with externalIPs): kube-proxy's ExternalPolicyLocal.
+	ExternalPolicyLocal bool
+	// HealthCheckNodePort is spec.healthCheckNodePort when kube-proxy
+	// serves it (type LoadBalancer with ExternalPolicyLocal), else 0.
+	HealthCheckNodePort uint16
+	// ExternalEndpoints are the endpoints a new flow from elsewhere to an
+	// external destination (NodePort, ExternalIPs, LoadBalancerIPs) may
+	// use: the local ones (with the terminating fallback) under
+	// ExternalPolicyLocal, else the cluster set. Sorted like Endpoints;
+	// shared with Endpoints or ClusterEndpoints when equal. Empty unless
+	// ExternalVerdict is Forward.
+	ExternalEndpoints []Endpoint
+	// ExternalEndpointKeys are ExternalEndpoints[i].Key(), in order.
+	ExternalEndpointKeys []string
+	// ExternalVerdict is what a lookup of an external destination answers:
+	// Forward, NoEndpoints (REJECT) or NoLocalEndpoints (DROP); NotService
+	// when the Port has no external destination.
+	ExternalVerdict Verdict
+	// ClusterEndpoints are the cluster-policy endpoints (those Endpoints
+	// holds under internalTrafficPolicy Cluster), which a flow from this
+	// host to an external destination uses whatever the policies
+	// (ExternalFromHost). Set only when the Port has an external
+	// destination; shared with Endpoints when equal.
+	ClusterEndpoints []Endpoint
+	// ClusterEndpointKeys are ClusterEndpoints[i].Key(), in order.
+	ClusterEndpointKeys []string
 }
 
 func (p *Port) equal(o *Port) bool {
-	if p.Name != o.Name || p.Protocol != o.Protocol || p.Family != o.Family ||
-		p.ClusterIP != o.ClusterIP || p.Port != o.Port || p.Affinity != o.Affinity || p.Scheduler != o.Scheduler ||
-		p.InternalTrafficPolicyLocal != o.InternalTrafficPolicyLocal ||
-		p.Topology != o.Topology || p.Verdict != o.Verdict ||
-		len(p.Endpoints) != len(o.Endpoints) || len(p.ClusterIPs) != len(o.ClusterIPs) ||
-		!slices.Equal(p.Serving, o.Serving) {
+	return p.Name == o.Name && p.Protocol == o.Protocol && p.Family == o.Family &&
+		p.ClusterIP == o.ClusterIP && p.Port == o.Port && p.Affinity == o.Affinity && p.Scheduler == o.Scheduler &&
+		p.InternalTrafficPolicyLocal == o.InternalTrafficPolicyLocal &&
+		p.Topology == o.Topology && p.Verdict == o.Verdict &&
+		slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.Serving, o.Serving) &&
+		equalEndpoints(p.Endpoints, o.Endpoints) &&
+		p.NodePort == o.NodePort && p.ExternalPolicyLocal == o.ExternalPolicyLocal &&
+		p.HealthCheckNodePort == o.HealthCheckNodePort && p.ExternalVerdict == o.ExternalVerdict &&
+		slices.Equal(p.ExternalIPs, o.ExternalIPs) && slices.Equal(p.LoadBalancerIPs, o.LoadBalancerIPs) &&
+		slices.Equal(p.SourceRanges, o.SourceRanges) &&
+		equalEndpoints(p.ExternalEndpoints, o.ExternalEndpoints) &&
+		equalEndpoints(p.ClusterEndpoints, o.ClusterEndpoints)
+}
+
+func equalEndpoints(a, b []Endpoint) bool {
+	if len(a) != len(b) {
 		return false
 	}
-	for i := range p.ClusterIPs {
-		if p.ClusterIPs[i] != o.ClusterIPs[i] {
-			return false
-		}
-	}
-	for i := range p.Endpoints {
-		if !p.Endpoints[i].equal(&o.Endpoints[i]) {
+	for i := range a {
+		if !a[i].equal(&b[i]) {
 			return false
 		}
 	}

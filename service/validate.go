@@ -3,6 +3,7 @@ package service
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -125,7 +126,121 @@ func ValidateService(svc *v1.Service) error {
 			errs = append(errs, field.NotSupported(spec.Child("internalTrafficPolicy"), *p, []string{"Cluster", "Local"}))
 		}
 	}
+	errs = append(errs, validateExternal(svc)...)
 	return errs.ToAggregate()
+}
+
+// validateExternal checks the external fields as the API server does
+// (pkg/apis/core/validation/validation.go: ValidateService's nodePort,
+// externalIPs and loadBalancerSourceRanges checks,
+// validateServiceExternalTrafficPolicy, ValidateLoadBalancerStatus), with
+// the same field paths. What the API server itself fills in is not
+// demanded of a file: an externalTrafficPolicy left empty (defaulted to
+// Cluster) and a healthCheckNodePort left 0 (allocated) are accepted, and
+// a nodePort may be anything from 1 to 65535 (the
+// --service-node-port-range is the API server's allocator's business;
+// kube-proxy takes any port).
+func validateExternal(svc *v1.Service) field.ErrorList {
+	var errs field.ErrorList
+	spec := field.NewPath("spec")
+	typ := svc.Spec.Type
+	clusterIPType := typ == "" || typ == v1.ServiceTypeClusterIP
+
+	type protoPort struct {
+		proto v1.Protocol
+		port  int32
+	}
+	nodePorts := map[protoPort]bool{}
+	for i := range svc.Spec.Ports {
+		sp := &svc.Spec.Ports[i]
+		if sp.NodePort == 0 {
+			continue
+		}
+		p := spec.Child("ports").Index(i).Child("nodePort")
+		if clusterIPType {
+			errs = append(errs, field.Forbidden(p, "may not be used when `type` is 'ClusterIP'"))
+			continue
+		}
+		for _, msg := range validation.IsValidPortNum(int(sp.NodePort)) {
+			errs = append(errs, field.Invalid(p, sp.NodePort, msg))
+		}
+		proto := sp.Protocol
+		if proto == "" {
+			proto = v1.ProtocolTCP
+		}
+		if k := (protoPort{proto, sp.NodePort}); nodePorts[k] {
+			errs = append(errs, field.Duplicate(p, sp.NodePort))
+		} else {
+			nodePorts[k] = true
+		}
+	}
+
+	for i, s := range svc.Spec.ExternalIPs {
+		p := spec.Child("externalIPs").Index(i)
+		ip, err := parseIP(s)
+		switch {
+		case err != nil:
+			errs = append(errs, field.Invalid(p, s, "must be a valid IP address"))
+		case ip.IsUnspecified():
+			errs = append(errs, field.Invalid(p, s, "may not be unspecified (0.0.0.0 or ::)"))
+		case ip.IsLoopback():
+			errs = append(errs, field.Invalid(p, s, "may not be in the loopback range"))
+		case ip.IsLinkLocalUnicast():
+			errs = append(errs, field.Invalid(p, s, "may not be in the link-local range"))
+		case ip.IsMulticast() || ip.IsLinkLocalMulticast():
+			errs = append(errs, field.Invalid(p, s, "may not be in the multicast range"))
+		}
+	}
+
+	if len(svc.Spec.LoadBalancerSourceRanges) > 0 && typ != v1.ServiceTypeLoadBalancer {
+		errs = append(errs, field.Forbidden(spec.Child("loadBalancerSourceRanges"), "may only be used when `type` is 'LoadBalancer'"))
+	}
+	for i, s := range svc.Spec.LoadBalancerSourceRanges {
+		// Space padding is allowed, for historical reasons; kube-proxy
+		// trims it too.
+		if _, err := netip.ParsePrefix(strings.TrimSpace(s)); err != nil {
+			errs = append(errs, field.Invalid(spec.Child("loadBalancerSourceRanges").Index(i), s,
+				"must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)"))
+		}
+	}
+
+	etp := svc.Spec.ExternalTrafficPolicy
+	switch {
+	case etp == "":
+	case !externallyAccessible(svc):
+		errs = append(errs, field.Invalid(spec.Child("externalTrafficPolicy"), etp, "may only be set for externally-accessible services"))
+	case etp != v1.ServiceExternalTrafficPolicyCluster && etp != v1.ServiceExternalTrafficPolicyLocal:
+		errs = append(errs, field.NotSupported(spec.Child("externalTrafficPolicy"), etp, []string{"Cluster", "Local"}))
+	}
+	if hc := svc.Spec.HealthCheckNodePort; hc != 0 {
+		p := spec.Child("healthCheckNodePort")
+		if typ != v1.ServiceTypeLoadBalancer || etp != v1.ServiceExternalTrafficPolicyLocal {
+			errs = append(errs, field.Invalid(p, hc, "may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` is 'Local'"))
+		} else {
+			for _, msg := range validation.IsValidPortNum(int(hc)) {
+				errs = append(errs, field.Invalid(p, hc, msg))
+			}
+		}
+	}
+
+	for i := range svc.Status.LoadBalancer.Ingress {
+		ing := &svc.Status.LoadBalancer.Ingress[i]
+		p := field.NewPath("status", "loadBalancer", "ingress").Index(i)
+		if ing.IP != "" {
+			if _, err := parseIP(ing.IP); err != nil {
+				errs = append(errs, field.Invalid(p.Child("ip"), ing.IP, "must be a valid IP address"))
+			}
+		}
+		if ing.IPMode != nil {
+			switch {
+			case ing.IP == "":
+				errs = append(errs, field.Required(p.Child("ip"), "must be specified when `ipMode` is set"))
+			case *ing.IPMode != v1.LoadBalancerIPModeVIP && *ing.IPMode != v1.LoadBalancerIPModeProxy:
+				errs = append(errs, field.NotSupported(p.Child("ipMode"), *ing.IPMode, []string{"VIP", "Proxy"}))
+			}
+		}
+	}
+	return errs
 }
 
 func validateTargetPort(p *field.Path, tp intstr.IntOrString) field.ErrorList {

@@ -41,6 +41,28 @@ func TestValidateService(t *testing.T) {
 		{name: "affinity timeout too long", mod: clientIP(86401), want: []string{"spec.sessionAffinityConfig.clientIP.timeoutSeconds"}},
 		{name: "bad internalTrafficPolicy", mod: func(s *v1.Service) { s.Spec.InternalTrafficPolicy = ptr(v1.ServiceInternalTrafficPolicy("Node")) }, want: []string{"spec.internalTrafficPolicy"}},
 		{name: "bad type", mod: func(s *v1.Service) { s.Spec.Type = "Magic" }, want: []string{"spec.type"}},
+		// External fields, as pkg/apis/core/validation/validation.go checks them.
+		{name: "valid LoadBalancer", mod: lbMods(nodePorts(30080, 30053), externalIPs("192.168.99.1", "2001:db8::1"),
+			sourceRanges("10.0.0.0/8", " 2001:db8::/32 "), ingress("203.0.113.1", v1.LoadBalancerIPModeProxy), etpLocal,
+			func(s *v1.Service) { s.Spec.HealthCheckNodePort = 32000 })},
+		{name: "valid: any nodePort, the same number on TCP and UDP", mod: lbMods(nodePorts(80, 80))},
+		{name: "valid: LB and Local without healthCheckNodePort (the API server allocates it)", mod: lbMods(etpLocal)},
+		{name: "valid: externalIPs on a ClusterIP service, Local policy", mod: func(s *v1.Service) { externalIPs("192.168.99.1")(s); etpLocal(s) }},
+		{name: "nodePort out of range", mod: lbMods(nodePorts(65536)), want: []string{"spec.ports[0].nodePort: Invalid value: 65536"}},
+		{name: "nodePort on a ClusterIP service", mod: nodePorts(30080), want: []string{"spec.ports[0].nodePort: Forbidden"}},
+		{name: "duplicate nodePort", mod: lbMods(nodePorts(30080, 30080), func(s *v1.Service) { s.Spec.Ports[1].Protocol = v1.ProtocolTCP; s.Spec.Ports[1].Port = 54 }),
+			want: []string{"spec.ports[1].nodePort: Duplicate value: 30080"}},
+		{name: "bad externalIP", mod: externalIPs("192.168.99.1", "192.168.99.300"), want: []string{`spec.externalIPs[1]: Invalid value: "192.168.99.300"`}},
+		{name: "loopback externalIP", mod: externalIPs("127.0.0.1"), want: []string{"spec.externalIPs[0]", "loopback"}},
+		{name: "bad source range", mod: lbMods(sourceRanges("10.0.0.0/8", "10.0.0.0/33")), want: []string{`spec.loadBalancerSourceRanges[1]: Invalid value: "10.0.0.0/33"`}},
+		{name: "source ranges on a NodePort service", mod: func(s *v1.Service) { svcType(v1.ServiceTypeNodePort)(s); sourceRanges("10.0.0.0/8")(s) },
+			want: []string{"spec.loadBalancerSourceRanges: Forbidden"}},
+		{name: "bad externalTrafficPolicy", mod: lbMods(func(s *v1.Service) { s.Spec.ExternalTrafficPolicy = "Node" }), want: []string{"spec.externalTrafficPolicy: Unsupported value"}},
+		{name: "externalTrafficPolicy on a ClusterIP service", mod: etpLocal, want: []string{"spec.externalTrafficPolicy: Invalid value", "externally-accessible"}},
+		{name: "healthCheckNodePort with Cluster policy", mod: lbMods(func(s *v1.Service) { s.Spec.HealthCheckNodePort = 32000 }),
+			want: []string{"spec.healthCheckNodePort: Invalid value: 32000"}},
+		{name: "bad ingress IP", mod: lbMods(ingress("203.0.113.300", "")), want: []string{"status.loadBalancer.ingress[0].ip: Invalid value"}},
+		{name: "bad ipMode", mod: lbMods(ingress("203.0.113.1", "Tunnel")), want: []string{"status.loadBalancer.ingress[0].ipMode: Unsupported value"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -109,5 +131,15 @@ func TestValidateEndpointSlice(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// lbMods makes the service a LoadBalancer and applies mods.
+func lbMods(mods ...func(*v1.Service)) func(*v1.Service) {
+	return func(s *v1.Service) {
+		svcType(v1.ServiceTypeLoadBalancer)(s)
+		for _, m := range mods {
+			m(s)
+		}
 	}
 }

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -82,8 +81,9 @@ func (p *Proxy) IPVS() []VirtualService {
 				vs.Affinity = s.port.Affinity.Timeout
 			}
 		}
-		for i, e := range s.port.Endpoints {
-			d := s.dests[i]
+		set := s.sets[setInternal]
+		for i, e := range set.eps {
+			d := set.dests[i]
 			active, inactive := d.conns.Load()
 			st := totals[d]
 			if e := p.est[d]; e != nil {
@@ -121,7 +121,7 @@ func (s *IPVSStats) add(o *IPVSStats) {
 func (p *Proxy) destTotals() map[*dest]IPVSStats {
 	out := make(map[*dest]IPVSStats)
 	for _, s := range *p.states.Load() {
-		for _, d := range append(slices.Collect(maps.Values(s.gone)), s.dests...) {
+		for _, d := range s.allDests() {
 			out[d] = IPVSStats{
 				Conns:  d.scheduled.Load(),
 				InPkts: d.packets[conntrack.Original].Load(), OutPkts: d.packets[conntrack.Reply].Load(),

@@ -65,6 +65,11 @@ type Config struct {
 	Dialer Dialer
 	// Rand is the lottery's random source; nil means balancer.RuntimeSource.
 	Rand balancer.Source
+	// LocalSource reports whether a source address is this host's or one
+	// of its pods' (kube-proxy's LOCAL address type and local-traffic
+	// detector): such flows to an external destination use the cluster
+	// set whatever externalTrafficPolicy says. nil: no source is local.
+	LocalSource func(netip.Addr) bool
 	// Scheduler is the scheduler of service ports whose Service names none
 	// (--scheduler); the zero value is "random", kube-proxy's iptables
 	// lottery.
@@ -253,11 +258,15 @@ func (p *Proxy) Admit(flow conntrack.Tuple) netstack.Decision {
 		p.stats.count(flow.Proto(), ResultRejectedNoService)
 		return netstack.Reject
 	}
-	_, v := t.Lookup(proto, flow.DstAddr(), flow.DstPort())
-	switch v {
+	tg := p.resolve(t, proto, flow.SrcAddr(), flow.Dst())
+	switch tg.v {
 	case service.Forward:
 		return netstack.Accept
 	case service.NoLocalEndpoints:
+		if tg.dropped {
+			p.stats.count(flow.Proto(), ResultDroppedSourceRange)
+			return netstack.Drop
+		}
 		p.stats.count(flow.Proto(), ResultDroppedLocalPolicy)
 		return netstack.Drop
 	case service.NoEndpoints:
@@ -280,20 +289,20 @@ func (p *Proxy) Admit(flow conntrack.Tuple) netstack.Decision {
 func (p *Proxy) route(proto service.Protocol, flow conntrack.Tuple) (pick, service.Verdict) {
 	t := p.table.Load()
 	if t == nil {
-		return pick{index: -1}, service.NotService
+		return pick{}, service.NotService
 	}
-	port, v := t.Lookup(proto, flow.DstAddr(), flow.DstPort())
-	if v != service.Forward {
-		return pick{index: -1}, v
+	tg := p.resolve(t, proto, flow.SrcAddr(), flow.Dst())
+	if tg.v != service.Forward {
+		return pick{}, tg.v
 	}
-	pk := p.choose((*p.states.Load())[keyOf(port)], port, flow)
-	if pk.index < 0 {
-		return pick{index: -1}, service.NoEndpoints
+	pk := p.choose((*p.states.Load())[keyOf(tg.port)], tg, flow)
+	if !pk.ok {
+		return pick{}, service.NoEndpoints
 	}
 	if pk.byAffinity {
 		p.stats.affinityHits.Add(1)
 	}
-	return pk, v
+	return pk, tg.v
 }
 
 // Run drives the conntrack clock (when the proxy owns it), expiry, the

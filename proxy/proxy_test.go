@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -129,25 +130,26 @@ func TestSetTableKeepsAffinityOfSurvivors(t *testing.T) {
 	tr.OnSynced()
 	flow := conntrack.MakeTuple(conntrack.TCP, netip.MustParseAddrPort("192.0.2.1:5000"), netip.MustParseAddrPort("10.96.0.1:80"))
 	pk, _ := p.route(service.TCP, flow)
-	port, first := pk.port, pk.index
+	port, first := pk.port, pk.endpoint
 	if port == nil {
 		t.Fatal("no route")
 	}
-	if again, _ := p.route(service.TCP, flow); again.index != first || !again.byAffinity {
-		t.Fatalf("second pick %d (affinity %v), want %d by affinity", again.index, again.byAffinity, first)
+	if again, _ := p.route(service.TCP, flow); again.endpoint != first || !again.byAffinity {
+		t.Fatalf("second pick %v (affinity %v), want %v by affinity", again.endpoint, again.byAffinity, first)
 	}
 	// Another service changes: web's picker, and its lists, survive.
 	tr.OnServiceAdd(svc("other", "10.96.0.2", v1.ProtocolTCP, 80))
-	if again, _ := p.route(service.TCP, flow); again.index != first || !again.byAffinity {
+	if again, _ := p.route(service.TCP, flow); again.endpoint != first || !again.byAffinity {
 		t.Fatal("affinity lost when another service changed")
 	}
 	// The client's endpoint leaves and comes back: its list is gone.
 	keys := port.EndpointKeys
-	kept := netip.MustParseAddrPort(keys[1-first]).Addr().String()
+	firstKey := slices.Index(keys, first.String())
+	kept := netip.MustParseAddrPort(keys[1-firstKey]).Addr().String()
 	tr.OnEndpointSliceUpdate(nil, slice("web", "web-1", v1.ProtocolTCP, 8080, "", kept))
 	tr.OnEndpointSliceUpdate(nil, slice("web", "web-1", v1.ProtocolTCP, 8080, "", "10.0.0.1", "10.0.0.2"))
 	st := (*p.states.Load())[keyOf(port)]
-	if got := st.picker.Affinity().Clients(keys[first]); len(got) != 0 {
+	if got := st.picker.Affinity().Clients(keys[firstKey]); len(got) != 0 {
 		t.Fatalf("list of the endpoint that left still holds %v", got)
 	}
 }

@@ -23,7 +23,9 @@ package proxy
 //     Every step is O(1): a pick never scans the conntrack table.
 
 import (
+	"maps"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 
 	"go.uber.org/zap"
@@ -49,18 +51,33 @@ type dest struct {
 // portState is the scheduling state of one service port (step 1). It is
 // immutable once published, but for what its parts guard themselves.
 type portState struct {
-	port    *service.Port
-	cfg     balancer.SchedulerConfig
-	picker  *balancer.Picker      // "random": the lottery and xt_recent affinity
-	sched   balancer.Scheduler    // IPVS's schedulers; nil for "random"
-	persist *balancer.Persistence // persistence under an IPVS scheduler, else nil
-	// dests[i] is the dest of port.Endpoints[i]; eps are the endpoints as
-	// IPVS's schedulers see them (nil under "random").
-	dests []*dest
-	eps   []balancer.Endpoint
-	// gone holds the dests of endpoints that left the list while flows
+	port   *service.Port
+	cfg    balancer.SchedulerConfig
+	picker *balancer.Picker // "random": the lottery and xt_recent affinity
+	// The port's endpoint sets (resolve.go): internal (Endpoints), external
+	// (ExternalEndpoints) and from this host (ClusterEndpoints); a set
+	// equal to another is the same *endpointSet.
+	sets [3]*endpointSet
+	// gone holds the dests of endpoints that left every set while flows
 	// still count on them, by address (nil when none).
 	gone map[netip.AddrPort]*dest
+}
+
+// endpointSet is one of a port's endpoint lists as a pick sees it. Under
+// an IPVS scheduler each set is a virtual service of its own (kube-proxy's
+// IPVS mode gives each ClusterIP, external IP and NodePort address one),
+// with its own scheduler and persistence; the dests are the endpoints',
+// shared by every set of the port. The affinity lists of "random" are
+// shared too, as kube-proxy's recent lists are named after the KUBE-SEP
+// chains that KUBE-SVC and KUBE-SVL jump to alike.
+type endpointSet struct {
+	eps   []service.Endpoint
+	keys  []string
+	dests []*dest // dests[i] counts eps[i]
+	// IPVS schedulers only: the list as they see it, and their state.
+	beps    []balancer.Endpoint
+	sched   balancer.Scheduler
+	persist *balancer.Persistence
 }
 
 // schedulerOf returns the scheduler a port asks for, or the default.
@@ -78,58 +95,77 @@ func (p *Proxy) schedulerOf(port *service.Port) balancer.SchedulerConfig {
 	return cfg
 }
 
+// sameEndpoints reports whether a and b are the same list (the service
+// table shares a set's slice with an equal one).
+func sameEndpoints(a, b []service.Endpoint) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
 // newPortState returns the state of port, keeping what old (the port's
 // previous state, or nil) has that still applies: the dests always, the
-// scheduler and affinity when neither the scheduler nor the affinity
+// schedulers and affinity when neither the scheduler nor the affinity
 // changed.
 func (p *Proxy) newPortState(port *service.Port, old *portState) *portState {
 	s := &portState{port: port, cfg: p.schedulerOf(port)}
 	keep := old != nil && old.cfg == s.cfg && old.port.Affinity == port.Affinity
-	switch {
-	case keep:
-		s.picker, s.sched, s.persist = old.picker, old.sched, old.persist
-	case !s.cfg.IPVS():
-		var aff *balancer.Affinity
-		if port.Affinity.ClientIP {
-			aff = balancer.NewAffinity(balancer.AffinityConfig{Timeout: port.Affinity.Timeout, ListSize: p.cfg.AffinityListSize, Clock: p.cfg.Clock})
-		}
-		s.picker = balancer.NewPicker(p.lottery, p.cfg.Rand, aff)
-	default:
-		s.sched = s.cfg.New(p.cfg.Rand)
-		if port.Affinity.ClientIP {
-			s.persist = balancer.NewPersistence(balancer.PersistenceConfig{Timeout: port.Affinity.Timeout, Clock: p.cfg.Clock})
+	if !s.cfg.IPVS() {
+		if keep {
+			s.picker = old.picker
+		} else {
+			var aff *balancer.Affinity
+			if port.Affinity.ClientIP {
+				aff = balancer.NewAffinity(balancer.AffinityConfig{Timeout: port.Affinity.Timeout, ListSize: p.cfg.AffinityListSize, Clock: p.cfg.Clock})
+			}
+			s.picker = balancer.NewPicker(p.lottery, p.cfg.Rand, aff)
 		}
 	}
-	n := len(port.Endpoints)
-	if s.sched != nil {
-		s.eps = make([]balancer.Endpoint, n)
-	}
-	s.dests = make([]*dest, n)
 	var prev map[netip.AddrPort]*dest // old's dests, listed or gone
 	if old != nil {
-		prev = make(map[netip.AddrPort]*dest, len(old.dests)+len(old.gone))
-		for i, d := range old.dests {
-			prev[old.port.Endpoints[i].Addr] = d
+		prev = make(map[netip.AddrPort]*dest, len(old.port.Endpoints)+len(old.gone))
+		for _, set := range old.sets {
+			for i, d := range set.dests {
+				prev[set.eps[i].Addr] = d
+			}
 		}
 		for a, d := range old.gone {
 			prev[a] = d
 		}
 	}
-	fresh := make([]dest, n) // one allocation for the new endpoints
-	for i := range port.Endpoints {
-		addr := port.Endpoints[i].Addr
-		d := prev[addr]
-		if d == nil {
-			d = &fresh[i]
-		} else {
-			delete(prev, addr)
+	epsOf := [3][]service.Endpoint{port.Endpoints, port.ExternalEndpoints, port.ClusterEndpoints}
+	keysOf := [3][]string{port.EndpointKeys, port.ExternalEndpointKeys, port.ClusterEndpointKeys}
+	var used map[netip.AddrPort]*dest // the dests of this state, when several sets
+	for k, eps := range epsOf {
+		keys := keysOf[k]
+		if k > 0 && len(eps) == 0 {
+			s.sets[k] = s.sets[0] // no such set: never picked from
+			continue
 		}
-		s.dests[i] = d
-		if s.eps != nil {
-			s.eps[i] = balancer.Endpoint{Addr: addr, Weight: 1, Conns: &d.conns}
+		if k > 0 && used == nil {
+			used = make(map[netip.AddrPort]*dest, len(port.Endpoints))
+			for i, d := range s.sets[0].dests {
+				used[s.sets[0].eps[i].Addr] = d
+			}
 		}
+		shared := false
+		for j := range k {
+			if sameEndpoints(s.sets[j].eps, eps) {
+				s.sets[k], shared = s.sets[j], true
+				break
+			}
+		}
+		if shared {
+			continue
+		}
+		var oldSet *endpointSet
+		if keep {
+			oldSet = old.sets[k]
+		}
+		s.sets[k] = p.newEndpointSet(port, s.cfg, eps, keys, prev, used, oldSet)
 	}
 	for addr, d := range prev {
+		if _, listed := used[addr]; listed {
+			continue
+		}
 		if a, i := d.conns.Load(); a+i > 0 {
 			if s.gone == nil {
 				s.gone = make(map[netip.AddrPort]*dest)
@@ -137,50 +173,98 @@ func (p *Proxy) newPortState(port *service.Port, old *portState) *portState {
 			s.gone[addr] = d // in IPVS's trash until its flows end
 		}
 	}
-	if s.sched != nil {
-		if err := s.sched.Update(s.eps); err != nil {
+	return s
+}
+
+// newEndpointSet builds one set, reusing the dests of prev (the previous
+// state's) and used (this state's other sets; nil while building the
+// first), and old's scheduler and persistence when given.
+func (p *Proxy) newEndpointSet(port *service.Port, cfg balancer.SchedulerConfig, eps []service.Endpoint, keys []string, prev, used map[netip.AddrPort]*dest, old *endpointSet) *endpointSet {
+	set := &endpointSet{eps: eps, keys: keys, dests: make([]*dest, len(eps))}
+	if cfg.IPVS() {
+		set.beps = make([]balancer.Endpoint, len(eps))
+		if old != nil && old.sched != nil {
+			set.sched, set.persist = old.sched, old.persist
+		} else {
+			set.sched = cfg.New(p.cfg.Rand)
+			if port.Affinity.ClientIP {
+				set.persist = balancer.NewPersistence(balancer.PersistenceConfig{Timeout: port.Affinity.Timeout, Clock: p.cfg.Clock})
+			}
+		}
+	}
+	fresh := make([]dest, len(eps)) // one allocation for the new endpoints
+	for i := range eps {
+		addr := eps[i].Addr
+		d := used[addr]
+		if d == nil {
+			d = prev[addr]
+		}
+		if d == nil {
+			d = &fresh[i]
+		}
+		if used != nil {
+			used[addr] = d
+		}
+		set.dests[i] = d
+		if set.beps != nil {
+			set.beps[i] = balancer.Endpoint{Addr: addr, Weight: 1, Conns: &d.conns}
+		}
+	}
+	if set.sched != nil {
+		if err := set.sched.Update(set.beps); err != nil {
 			p.logger.Warn("scheduler refused the endpoint list; new flows are refused", zap.Stringer("servicePort", port.Name), zap.Error(err))
 		}
 	}
-	return s
+	return set
 }
 
 // pick is route's answer for a flow: where it goes and what counts it.
 type pick struct {
 	port       *service.Port
-	index      int
+	endpoint   netip.AddrPort
 	byAffinity bool
+	ok         bool
 	dest       *dest              // counts the flow; nil for an uncounted pick
 	tmpl       *balancer.Template // the persistence template, if any
 }
 
-// choose runs step 2 for a flow to port from client, with s the port's
-// state (nil during a table swap). It returns index -1 when the scheduler
-// finds no endpoint.
-func (p *Proxy) choose(s *portState, port *service.Port, flow conntrack.Tuple) pick {
-	pk := pick{port: port, index: -1}
-	if s == nil || s.port != port {
-		// A table swap in progress: the lottery without affinity, uncounted.
-		pk.index = p.lottery.Pick(len(port.Endpoints), p.cfg.Rand)
+// choose runs step 2 for a flow to tg (Forward), with s the port's state
+// (nil or stale during a table swap). ok is false when the scheduler finds
+// no endpoint.
+func (p *Proxy) choose(s *portState, tg target, flow conntrack.Tuple) pick {
+	pk := pick{port: tg.port}
+	eps, keys := tg.endpoints()
+	if len(eps) == 0 {
 		return pk
+	}
+	index := -1
+	var set *endpointSet
+	if s != nil && s.port == tg.port {
+		set = s.sets[tg.set]
 	}
 	switch {
+	case set == nil:
+		// A table swap in progress: the lottery without affinity, uncounted.
+		index = p.lottery.Pick(len(eps), p.cfg.Rand)
 	case s.picker != nil:
-		pk.index, pk.byAffinity = s.picker.Pick(port.EndpointKeys, flow.SrcAddr())
-	case s.persist != nil:
+		index, pk.byAffinity = s.picker.Pick(keys, flow.SrcAddr())
+	case set.persist != nil:
 		f := balancer.Flow{Client: flow.Src(), Service: flow.Dst()}
-		pk.index, pk.tmpl, pk.byAffinity = s.persist.Pick(flow.SrcAddr(), s.eps, func() int { return s.sched.Pick(s.eps, f) })
+		index, pk.tmpl, pk.byAffinity = set.persist.Pick(flow.SrcAddr(), set.beps, func() int { return set.sched.Pick(set.beps, f) })
 	default:
-		pk.index = s.sched.Pick(s.eps, balancer.Flow{Client: flow.Src(), Service: flow.Dst()})
+		index = set.sched.Pick(set.beps, balancer.Flow{Client: flow.Src(), Service: flow.Dst()})
 	}
-	if pk.index < 0 || pk.index >= len(port.Endpoints) {
+	if index < 0 || index >= len(eps) {
 		pk.tmpl.Release()
-		pk.index, pk.tmpl = -1, nil
+		pk.tmpl = nil
 		return pk
 	}
-	pk.dest = s.dests[pk.index]
-	pk.dest.conns.Open()
-	pk.dest.scheduled.Add(1)
+	pk.endpoint, pk.ok = eps[index].Addr, true
+	if set != nil {
+		pk.dest = set.dests[index]
+		pk.dest.conns.Open()
+		pk.dest.scheduled.Add(1)
+	}
 	return pk
 }
 
@@ -220,4 +304,17 @@ func (f *flow) Established(on bool) {
 func (f *flow) Removed(established bool) {
 	f.dest.conns.Close(established)
 	f.tmpl.Release()
+}
+
+// allDests returns every dest of the state: its sets' and the gone ones.
+// A dest shared by several sets is listed once per set.
+func (s *portState) allDests() []*dest {
+	out := slices.Collect(maps.Values(s.gone))
+	for k, set := range s.sets {
+		if k > 0 && set == s.sets[k-1] || k == 2 && set == s.sets[0] {
+			continue
+		}
+		out = append(out, set.dests...)
+	}
+	return out
 }

@@ -22,10 +22,13 @@ const (
 	// ResultLocal: served by a local handler (SetLocal), such as cluster
 	// DNS.
 	ResultLocal
+	// ResultDroppedSourceRange: a flow to a load-balancer IP from outside
+	// its loadBalancerSourceRanges (kube-proxy's KUBE-PROXY-FIREWALL).
+	ResultDroppedSourceRange
 	numResults
 )
 
-var resultNames = [numResults]string{"proxied", "rejected_no_service", "rejected_no_endpoints", "dropped_local_policy", "dial_failed", "table_full", "local"}
+var resultNames = [numResults]string{"proxied", "rejected_no_service", "rejected_no_endpoints", "dropped_local_policy", "dial_failed", "table_full", "local", "dropped_source_range"}
 
 func (r Result) String() string { return resultNames[r] }
 

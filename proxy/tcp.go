@@ -48,7 +48,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 		}
 		return
 	}
-	endpoint := port.Endpoints[pk.index].Addr
+	endpoint := pk.endpoint
 
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.DialTimeout) // 2
 	start := time.Now()

@@ -81,7 +81,7 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		p.serveLocalUDP(r, local)
 		return
 	}
-	endpoint := port.Endpoints[pk.index].Addr
+	endpoint := pk.endpoint
 
 	backend, err := p.cfg.Dialer.DialContext(r.Context(), "udp", endpoint.String()) // 2
 	if err != nil {

@@ -26,7 +26,13 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 			return
 		}
 	}
-	writeText(w, http.StatusOK, "ok\n")
+	body := "ok\n"
+	if s.cfg.Notes != nil {
+		for _, n := range s.cfg.Notes() {
+			body += "note: " + n + "\n"
+		}
+	}
+	writeText(w, http.StatusOK, body)
 }
 
 func (s *Server) livez(w http.ResponseWriter, _ *http.Request) {

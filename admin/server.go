@@ -64,6 +64,11 @@ type Config struct {
 	// is unhealthy (503 with the error's text). Nil means always healthy.
 	// SyncHealth and CheckAll build one. It is called once per request.
 	Health func() error
+	// Notes, when set, lists what works less than asked without making the
+	// proxy unhealthy (an external address that cannot be routed, a
+	// NodePort taken on the host): /healthz stays 200 and adds a
+	// "note: ..." line for each.
+	Notes func() []string
 	// Table returns the current service table for /debug/services and
 	// /debug/rules (Tracker.Current or Proxy.Table); it may return nil
 	// before the first table.

@@ -129,6 +129,11 @@ func TestHealthz(t *testing.T) {
 	if code, _ := get(t, admin.New(admin.Config{}).Handler(), "GET", "/healthz"); code != 200 {
 		t.Errorf("no health check: %d", code)
 	}
+	// Notes keep it healthy and are listed.
+	notes := admin.New(admin.Config{Notes: func() []string { return []string{"external address 203.0.113.7 is not routed"} }}).Handler()
+	if code, body := get(t, notes, "GET", "/healthz"); code != 200 || body != "ok\nnote: external address 203.0.113.7 is not routed\n" {
+		t.Errorf("with a note: %d %q", code, body)
+	}
 }
 
 // fakeSync is a Tracker stand-in for SyncHealth.

@@ -32,6 +32,7 @@ type adminDeps struct {
 	rules     rules.Options
 	profiling bool
 	dns       *clusterdns.Responder // nil with --dns=false
+	notes     func() []string       // /healthz notes
 }
 
 // startAdmin serves the admin endpoints on addr until ctx ends; the returned
@@ -59,6 +60,7 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 		Conntrack: d.ct,
 		Rules:     d.rules,
 		IPVS:      d.px.IPVS,
+		Notes:     d.notes,
 		Profiling: d.profiling,
 	}
 	if d.dns != nil { // a nil *Responder in an interface would not be nil

@@ -27,6 +27,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -51,6 +52,7 @@ type runFlags struct {
 	tunName            string
 	mtu                int
 	serviceCIDRs       prefixList
+	clusterCIDRs       prefixList
 	nodeName, zone     string
 	adminAddr          string
 	minSyncPeriod      time.Duration
@@ -82,6 +84,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.mtu, "mtu", defaultMTU, "MTU of a TUN device run creates")
 	f.serviceCIDRs.values = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
 	fs.Var(&f.serviceCIDRs, "service-cidr", "service CIDR routed into the TUN (repeatable; IPv6 too)")
+	fs.Var(&f.clusterCIDRs, "cluster-cidr", "pod CIDR of this cluster (repeatable): flows from it, as from this host's own addresses, to an external IP or LB IP of an externalTrafficPolicy Local service use every endpoint (kube-proxy's short-circuit)")
 	fs.StringVar(&f.nodeName, "node-name", host, "this node's name, for internalTrafficPolicy Local and topology hints")
 	fs.StringVar(&f.zone, "zone", "", "this node's topology.kubernetes.io/zone, for zone hints (empty: hints ignored)")
 	fs.StringVar(&f.adminAddr, "admin-addr", defaultAdminAddr, "address of the admin server (/healthz, /metrics, /debug); empty disables it")
@@ -194,7 +197,9 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if max == 0 {
 		max = conntrack.DefaultMax(runtime.NumCPU())
 	}
+	locals := newLocalSources(f.clusterCIDRs.values, logger.Named("local-addresses"))
 	px, err := proxy.New(proxy.Config{
+		LocalSource: locals.local,
 		Conntrack:   conntrack.Config{Max: max, Timeouts: timeouts, Liberal: f.ctLiberal},
 		DialTimeout: f.dialTimeout, AffinityListSize: f.affinityListSize,
 		MaxUDPSessions: f.maxUDPSessions, Scheduler: f.sched, Logger: logger.Named("proxy")})
@@ -208,12 +213,16 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	}
 	var synced sync.Once
 	firstSync := make(chan struct{})
+	var routes atomic.Pointer[extRoutes] // set once the TUN is open
 	steppedAside := stepAsideLogger(f, logger)
 	tracker, err := service.NewTracker(service.Config{
 		NodeName: f.nodeName, Zone: f.zone, MinSyncPeriod: f.minSyncPeriod,
 		CheckScheduler: checkScheduler,
 		OnSync: func(t *service.Table, c service.Changes) {
 			px.SetTable(t, c)
+			if r := routes.Load(); r != nil {
+				r.Sync(t.ExternalAddrs())
+			}
 			steppedAside(t)
 			synced.Do(func() { close(firstSync) })
 			if ce := logger.Check(zap.DebugLevel, "service table live"); ce != nil {
@@ -239,6 +248,14 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		return err
 	}
 	defer tun.close()
+	ops, err := tun.hostRoutes()
+	if err != nil {
+		return err
+	}
+	ext := newExtRoutes(ops, tun.name, f.serviceCIDRs.values, logger.Named("tun"))
+	defer ext.Close() // before tun.close
+	routes.Store(ext)
+	ext.Sync(px.Table().ExternalAddrs())
 	if responder != nil {
 		defer configureHostDNS(hostDNS{tun: tun.name, ip: f.dns.addr, domain: f.dns.domain, enabled: f.dns.hostConfig}, logger.Named("dns"))()
 	}
@@ -256,13 +273,14 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	srcErr := make(chan error, 1)
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); srcErr <- src.Run(ctx) }()
 	go func() { defer wg.Done(); px.Run(ctx) }()
+	go func() { defer wg.Done(); locals.run(ctx) }()
 
 	// 6. The admin server.
 	if f.adminAddr != "" {
-		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling}, logger.Named("admin"))
+		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, notes: ext.notes}, logger.Named("admin"))
 		if err != nil {
 			return err
 		}

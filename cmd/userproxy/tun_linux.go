@@ -235,3 +235,31 @@ func setupTUN(name, userName string, mtu int, cidrs []netip.Prefix, remove bool,
 	logger.Info("persistent TUN device ready", zap.String("dev", name), zap.String("owner", userName), zap.Int("mtu", mtu))
 	return nil
 }
+
+// netlinkRoutes adds and removes host routes into the device (routeOps).
+type netlinkRoutes struct{ index int }
+
+// hostRoutes returns the device's routeOps for external addresses.
+func (d *tunDevice) hostRoutes() (routeOps, error) {
+	l, err := netlink.LinkByName(d.name)
+	if err != nil {
+		return nil, fmt.Errorf("device %q: %w", d.name, err)
+	}
+	return netlinkRoutes{index: l.Attrs().Index}, nil
+}
+
+func (n netlinkRoutes) add(dst netip.Prefix) error {
+	err := netlink.RouteAdd(&netlink.Route{LinkIndex: n.index, Dst: prefixNet(dst)})
+	if errors.Is(err, unix.EEXIST) {
+		return errRouteExists
+	}
+	return err
+}
+
+func (n netlinkRoutes) del(dst netip.Prefix) error {
+	err := netlink.RouteDel(&netlink.Route{LinkIndex: n.index, Dst: prefixNet(dst)})
+	if errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENODEV) {
+		return nil
+	}
+	return err
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -56,4 +57,34 @@ func (d *tunDevice) close() {
 
 func setupTUN(name, userName string, mtu int, cidrs []netip.Prefix, remove bool, logger *zap.Logger) error {
 	return errors.New("userproxy setup: persistent TUN devices are a Linux feature")
+}
+
+// routeCmds adds and removes host routes into the device with route(8)
+// (routeOps). Not tested in CI, like the rest of this path.
+type routeCmds struct{ dev string }
+
+// hostRoutes returns the device's routeOps for external addresses.
+func (d *tunDevice) hostRoutes() (routeOps, error) { return routeCmds{dev: d.name}, nil }
+
+func (r routeCmds) add(dst netip.Prefix) error {
+	family := "-inet"
+	if dst.Addr().Is6() {
+		family = "-inet6"
+	}
+	out, err := exec.Command("route", "-n", "add", family, "-host", dst.Addr().String(), "-interface", r.dev).CombinedOutput()
+	if err != nil {
+		if strings.Contains(string(out), "File exists") {
+			return errRouteExists
+		}
+		return fmt.Errorf("route add %s -interface %s: %v: %s", dst.Addr(), r.dev, err, out)
+	}
+	return nil
+}
+
+func (r routeCmds) del(dst netip.Prefix) error {
+	out, err := exec.Command("route", "-n", "delete", "-host", dst.Addr().String()).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("route delete %s: %v: %s", dst.Addr(), err, out)
+	}
+	return nil
 }

@@ -1,0 +1,88 @@
+package conntrack
+
+import "errors"
+
+// Flows the table sees no packets of: a connection a NodePort front end
+// accepted on a host socket, or a datagram flow it relays from one, is
+// proxied like any other flow and must be listed, counted and ended like
+// one (`conntrack list`, the schedulers' counts, flush), but its packets go
+// through the host's kernel, not through Classify.
+//
+//  1. The front end calls Track with the flow's tuple once it has the
+//     flow (a TCP connection is established by then): the entry is
+//     inserted ESTABLISHED (TCP) or replied (UDP), ASSURED, with the
+//     established or UDP stream timeout. Bind then records the binding as
+//     for any flow.
+//  2. Touch restarts the timeout while the flow is active (the front end
+//     calls it now and then, not per packet); an entry that times out is
+//     removed with OnRemove as usual, and its owner ends the flow.
+//  3. When the flow ends on its own, the owner deletes the entry
+//     (DeleteFlow): no FIN passes the table to move it to TIME_WAIT.
+
+// ErrTracked is returned by Track for a tuple the table holds already.
+var ErrTracked = errors.New("conntrack: the flow is tracked already")
+
+// Track inserts a live entry for the flow orig (step 1). It returns
+// ErrTracked when a live entry exists, ErrTableFull when the table is full
+// of ASSURED entries (it evicts as Confirm does otherwise).
+func (t *Table) Track(orig Tuple) error {
+	if !orig.IsValid() {
+		return ErrNotNew
+	}
+	now := t.clock.Now()
+	sh, h := t.locate(&orig)
+	var pend pending
+	defer t.fire(&pend) // after the unlock below
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.idx.get(&orig, h); e != nil {
+		if now < e.expires {
+			return ErrTracked
+		}
+		t.removeLocked(sh, e, RemoveExpired, now, &pend)
+	}
+	if !t.reserve() {
+		t.expireLocked(sh, now, &pend)
+		if v := sh.head; !t.reserve() && v != nil {
+			t.removeLocked(sh, v, RemoveEvicted, now, &pend)
+		}
+		if !t.reserve() {
+			t.tableFull.Add(1)
+			return ErrTableFull
+		}
+	}
+	e := &entry{key: orig, id: t.nextID.Add(1), created: now, lastSeen: now, heapIdx: -1,
+		status: StatusSeenReply | StatusAssured}
+	e.expires = now + t.trackedTimeout(orig.proto)
+	if orig.proto == TCP {
+		e.tcp.state = TCPEstablished
+	}
+	sh.idx.insert(e, h)
+	sh.push(e)
+	sh.n[protoSlot(orig.proto)]++
+	sh.inserted++
+	return nil
+}
+
+// Touch restarts the timeout of the tracked flow orig (step 2) and reports
+// whether its entry is live.
+func (t *Table) Touch(orig Tuple) bool {
+	now := t.clock.Now()
+	sh, h := t.locate(&orig)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.idx.get(&orig, h)
+	if e == nil || now >= e.expires {
+		return false
+	}
+	e.lastSeen = now
+	sh.setExpiry(e, now+t.trackedTimeout(orig.proto))
+	return true
+}
+
+func (t *Table) trackedTimeout(p Protocol) int64 {
+	if p == TCP {
+		return t.tcpTO[TCPEstablished]
+	}
+	return t.streamTO
+}

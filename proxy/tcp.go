@@ -18,6 +18,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -73,7 +74,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 	}
 	p.stats.count(conntrack.TCP, ResultProxied)
 
-	s := &splice{client: client, backend: backend, proxy: p}
+	s := &splice{client: client, backend: backend, proxy: p, resetClient: func() { _ = client.Abort() }}
 	f := newFlow(tuple, true, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, func(bool) { s.abort() }) // 4
 	f.count(pk)
 	defer p.untrack(f)
@@ -97,10 +98,29 @@ type halfCloser interface {
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 type splice struct {
-	client  *netstack.TCPConn
+	client  net.Conn
 	backend net.Conn
 	proxy   *Proxy
 	once    sync.Once
+	// resetClient closes the client's side with a RST.
+	resetClient func()
+	// touch, when set, is called after reads at most every touchEvery: a
+	// flow conntrack sees no packets of (nodeport.go) keeps its entry
+	// alive with it.
+	touch     func()
+	lastTouch atomic.Int64
+}
+
+// touchEvery is how often an active host-socket flow refreshes its
+// conntrack entry.
+const touchEvery = 10 * time.Second
+
+// resetTCP closes a host TCP connection with a RST.
+func resetTCP(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
 }
 
 // run copies both ways until both directions are done.
@@ -132,6 +152,12 @@ func (s *splice) copy(dst, src net.Conn, dir int) error {
 	buf := *bp
 	for {
 		n, rerr := src.Read(buf)
+		if s.touch != nil {
+			if now := time.Now().UnixNano(); now-s.lastTouch.Load() > int64(touchEvery) {
+				s.lastTouch.Store(now)
+				s.touch()
+			}
+		}
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				s.abort()
@@ -158,10 +184,7 @@ func (s *splice) copy(dst, src net.Conn, dir int) error {
 // abort closes both sides with a RST.
 func (s *splice) abort() {
 	s.once.Do(func() {
-		_ = s.client.Abort()
-		if tc, ok := s.backend.(*net.TCPConn); ok {
-			_ = tc.SetLinger(0)
-		}
-		_ = s.backend.Close()
+		s.resetClient()
+		resetTCP(s.backend)
 	})
 }

@@ -1,0 +1,425 @@
+package proxy
+
+// NodePorts, served on host sockets (DESIGN.md section 4, "Front ends"):
+//
+//  1. Sync opens a listener (TCP) or socket (UDP) on every NodePort address
+//     (--nodeport-addresses, loopback by default) for every NodePort of the
+//     table, of the address's family, and closes those no Service has any
+//     more. A port taken on the host is logged once, counted and listed
+//     (Failed, Notes); it never stops the proxy or its other ports.
+//  2. A new flow — an accepted connection, or a datagram from a new client
+//     address — is resolved as external traffic to that NodePort
+//     (resolveNodePort: externalTrafficPolicy, the short-circuit for this
+//     host's own sources; source ranges do not apply), tracked in conntrack
+//     (Track: the table sees none of its packets), picked, dialled and
+//     spliced or relayed like a TUN flow, with its binding and counts on
+//     the entry.
+//  3. A refused flow is reset (TCP) or dropped (UDP): the kernel completed
+//     the handshake before the proxy could decide, so REJECT and DROP are
+//     not exact here (README).
+//  4. The entry is touched while the flow is active and deleted when the
+//     flow ends on its own; its removal otherwise (timeout, flush, endpoint
+//     gone) ends the flow through the reaper, as for every flow.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/service"
+)
+
+// NodePorts is the NodePort front end of a Proxy. Its methods are safe for
+// concurrent use.
+type NodePorts struct {
+	p     *Proxy
+	addrs []netip.Addr
+	log   *zap.Logger
+
+	mu     sync.Mutex
+	open   map[npKey]npSocket
+	failed map[npKey]error
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// npKey names one host socket: protocol, address and port.
+type npKey struct {
+	proto service.Protocol
+	addr  netip.AddrPort
+}
+
+func (k npKey) String() string { return k.proto.String() + " " + k.addr.String() }
+
+type npSocket interface{ Close() error }
+
+// NewNodePorts returns the NodePort front end serving on addrs (concrete
+// host addresses: 127.0.0.1, ::1, a node IP). Sync it with every table;
+// Close it to stop.
+func (p *Proxy) NewNodePorts(addrs []netip.Addr) *NodePorts {
+	return &NodePorts{p: p, addrs: slices.Clone(addrs), log: p.logger.Named("nodeport"),
+		open: map[npKey]npSocket{}, failed: map[npKey]error{}}
+}
+
+// Sync opens and closes sockets to match t's NodePorts (step 1).
+func (n *NodePorts) Sync(t *service.Table) {
+	want := map[npKey]bool{}
+	for _, port := range t.Ports() {
+		if port.NodePort == 0 {
+			continue
+		}
+		for _, a := range n.addrs {
+			if (a.Is4() || a.Is4In6()) == (port.Family == service.IPv4) {
+				want[npKey{port.Protocol, netip.AddrPortFrom(a, port.NodePort)}] = true
+			}
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
+	}
+	for k, s := range n.open {
+		if !want[k] {
+			_ = s.Close()
+			delete(n.open, k)
+			n.log.Info("NodePort closed", zap.Stringer("socket", k))
+		}
+	}
+	for k := range n.failed {
+		if !want[k] {
+			delete(n.failed, k)
+		}
+	}
+	for k := range want {
+		if _, ok := n.open[k]; ok {
+			continue
+		}
+		s, err := n.listen(k)
+		if err != nil {
+			if _, known := n.failed[k]; !known {
+				n.log.Warn("cannot serve a NodePort: the port is taken on the host or the address is gone; the proxy's other ports are served",
+					zap.Stringer("socket", k), zap.Error(err))
+			}
+			n.failed[k] = err
+			continue
+		}
+		delete(n.failed, k)
+		n.open[k] = s
+		n.log.Info("NodePort open", zap.Stringer("socket", k))
+	}
+}
+
+// listen opens the socket of k and starts serving it.
+func (n *NodePorts) listen(k npKey) (npSocket, error) {
+	fam := service.IPv4
+	if k.addr.Addr().Is6() && !k.addr.Addr().Is4In6() {
+		fam = service.IPv6
+	}
+	if k.proto == service.TCP {
+		ln, err := net.Listen("tcp", k.addr.String())
+		if err != nil {
+			return nil, err
+		}
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); n.acceptTCP(ln, fam, k.addr.Port()) }()
+		return ln, nil
+	}
+	pc, err := net.ListenPacket("udp", k.addr.String())
+	if err != nil {
+		return nil, err
+	}
+	u := &npUDP{n: n, pc: pc.(*net.UDPConn), fam: fam, port: k.addr.Port(), sessions: map[netip.AddrPort]*npSession{}}
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); u.serve() }()
+	return pc, nil
+}
+
+// Failed returns the NodePort sockets that could not be opened, with why,
+// sorted.
+func (n *NodePorts) Failed() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]string, 0, len(n.failed))
+	for k, err := range n.failed {
+		out = append(out, fmt.Sprintf("NodePort %s is not served: %v", k, err))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Listening returns how many NodePort sockets are open.
+func (n *NodePorts) Listening() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.open)
+}
+
+// Close closes every socket and waits for the accept and read loops; the
+// flows already proxied end with the proxy's Shutdown.
+func (n *NodePorts) Close() {
+	n.mu.Lock()
+	n.closed = true
+	for k, s := range n.open {
+		_ = s.Close()
+		delete(n.open, k)
+	}
+	n.mu.Unlock()
+	n.wg.Wait()
+}
+
+// acceptTCP serves one TCP NodePort listener until it is closed.
+func (n *NodePorts) acceptTCP(ln net.Listener, fam service.Family, port uint16) { // NodePort acceptor
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			n.log.Warn("NodePort accept", zap.Error(err))
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go n.p.handleNodePortTCP(c, fam, port)
+	}
+}
+
+// handleNodePortTCP proxies one accepted NodePort connection (steps 2-4).
+func (p *Proxy) handleNodePortTCP(c net.Conn, fam service.Family, port uint16) {
+	client := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+	local := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	tuple := conntrack.MakeTuple(conntrack.TCP, unmapped(client), unmapped(local))
+	if p.closing.Load() {
+		resetTCP(c)
+		return
+	}
+	pk, ok := p.routeHost(service.TCP, fam, port, tuple)
+	if !ok {
+		resetTCP(c)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.DialTimeout)
+	start := time.Now()
+	backend, err := p.cfg.Dialer.DialContext(ctx, "tcp", pk.endpoint.String())
+	cancel()
+	p.stats.observeDial(time.Since(start))
+	if err != nil {
+		pk.release()
+		p.ct.DeleteFlow(tuple, nil)
+		p.stats.count(conntrack.TCP, ResultDialFailed)
+		resetTCP(c)
+		return
+	}
+	p.stats.count(conntrack.TCP, ResultProxied)
+	s := &splice{client: c, backend: backend, proxy: p, resetClient: func() { resetTCP(c) }}
+	s.touch = func() { p.ct.Touch(tuple) }
+	f := newFlow(tuple, true, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: pk.port.Name.String()}, func(bool) { s.abort() })
+	f.count(pk)
+	defer p.untrack(f)
+	if !p.track(f) {
+		s.abort()
+		return
+	}
+	s.run()
+	p.ct.DeleteFlow(tuple, f) // no FIN passed the table: the entry goes with the flow
+}
+
+// routeHost resolves, tracks and picks a new NodePort flow; it refuses (and
+// counts) what it cannot route.
+func (p *Proxy) routeHost(proto service.Protocol, fam service.Family, port uint16, tuple conntrack.Tuple) (pick, bool) {
+	cp := conntrack.TCP
+	if proto == service.UDP {
+		cp = conntrack.UDP
+	}
+	t := p.table.Load()
+	if t == nil {
+		p.stats.count(cp, ResultRejectedNoService)
+		return pick{}, false
+	}
+	tg := p.resolveNodePort(t, proto, fam, tuple.SrcAddr(), port)
+	switch tg.v {
+	case service.Forward:
+	case service.NoLocalEndpoints:
+		p.stats.count(cp, ResultDroppedLocalPolicy)
+		return pick{}, false
+	case service.NoEndpoints:
+		p.stats.count(cp, ResultRejectedNoEndpoints)
+		return pick{}, false
+	default:
+		p.stats.count(cp, ResultRejectedNoService)
+		return pick{}, false
+	}
+	if err := p.ct.Track(tuple); err != nil {
+		p.stats.count(cp, ResultTableFull)
+		return pick{}, false
+	}
+	pk := p.choose((*p.states.Load())[keyOf(tg.port)], tg, tuple)
+	if !pk.ok {
+		p.ct.DeleteFlow(tuple, nil)
+		p.stats.count(cp, ResultRejectedNoEndpoints)
+		return pick{}, false
+	}
+	if pk.byAffinity {
+		p.stats.affinityHits.Add(1)
+	}
+	return pk, true
+}
+
+func unmapped(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}
+
+// npUDP serves one UDP NodePort socket: a session per client address.
+type npUDP struct {
+	n    *NodePorts
+	pc   *net.UDPConn
+	fam  service.Family
+	port uint16
+
+	mu       sync.Mutex
+	sessions map[netip.AddrPort]*npSession
+}
+
+// npSession is one client's UDP flow through a NodePort.
+type npSession struct {
+	u       *npUDP
+	client  netip.AddrPort
+	tuple   conntrack.Tuple
+	backend net.Conn
+	flow    *flow
+	once    sync.Once
+	// lastTouch is when the entry was last refreshed (Unix nanoseconds),
+	// under u.mu.
+	lastTouch int64
+}
+
+// serve reads datagrams until the socket is closed, then ends its flows.
+func (u *npUDP) serve() { // NodePort UDP reader
+	defer u.endAll()
+	buf := make([]byte, maxDatagram)
+	for {
+		nr, from, err := u.pc.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		from = unmapped(from)
+		u.mu.Lock()
+		s := u.sessions[from]
+		if s != nil {
+			if now := time.Now().UnixNano(); now-s.lastTouch > int64(time.Second) {
+				s.lastTouch = now
+				u.n.p.ct.Touch(s.tuple)
+			}
+		}
+		u.mu.Unlock()
+		if s == nil {
+			if s = u.start(from); s == nil {
+				continue // refused: dropped
+			}
+		}
+		if _, err := s.backend.Write(buf[:nr]); err == nil {
+			u.n.p.stats.bytes[0].Add(uint64(nr))
+		}
+	}
+}
+
+// start sets up the flow of a new client (step 2), or returns nil.
+func (u *npUDP) start(client netip.AddrPort) *npSession {
+	p := u.n.p
+	if p.closing.Load() {
+		return nil
+	}
+	local := unmapped(netip.AddrPortFrom(u.pc.LocalAddr().(*net.UDPAddr).AddrPort().Addr(), u.port))
+	tuple := conntrack.MakeTuple(conntrack.UDP, client, local)
+	if p.udpSessions.Add(1) > int64(p.cfg.MaxUDPSessions) {
+		p.udpSessions.Add(-1)
+		p.stats.count(conntrack.UDP, ResultTableFull)
+		return nil
+	}
+	pk, ok := p.routeHost(service.UDP, u.fam, u.port, tuple)
+	if !ok {
+		p.udpSessions.Add(-1)
+		return nil
+	}
+	backend, err := p.cfg.Dialer.DialContext(context.Background(), "udp", pk.endpoint.String())
+	if err != nil {
+		pk.release()
+		p.ct.DeleteFlow(tuple, nil)
+		p.udpSessions.Add(-1)
+		p.stats.count(conntrack.UDP, ResultDialFailed)
+		return nil
+	}
+	p.stats.count(conntrack.UDP, ResultProxied)
+	s := &npSession{u: u, client: client, tuple: tuple, backend: backend, lastTouch: time.Now().UnixNano()}
+	s.flow = newFlow(tuple, false, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: pk.port.Name.String()}, s.end)
+	s.flow.count(pk)
+	if !p.track(s.flow) {
+		s.end(true)
+		return nil
+	}
+	u.mu.Lock()
+	u.sessions[client] = s
+	u.mu.Unlock()
+	u.n.wg.Add(1)
+	go func() { defer u.n.wg.Done(); s.relayReplies() }()
+	return s
+}
+
+// relayReplies sends the endpoint's datagrams to the client until the
+// session ends.
+func (s *npSession) relayReplies() { // NodePort UDP replies
+	buf := make([]byte, maxDatagram)
+	for {
+		nr, err := s.backend.Read(buf)
+		if err != nil {
+			s.end(false)
+			return
+		}
+		if _, err := s.u.pc.WriteToUDPAddrPort(buf[:nr], s.client); err == nil {
+			s.u.n.p.stats.bytes[1].Add(uint64(nr))
+		}
+	}
+}
+
+// end ends the session once: its socket closes, its entry goes unless
+// reaped says it is gone already.
+func (s *npSession) end(reaped bool) {
+	s.once.Do(func() {
+		_ = s.backend.Close()
+		s.u.mu.Lock()
+		if s.u.sessions[s.client] == s {
+			delete(s.u.sessions, s.client)
+		}
+		s.u.mu.Unlock()
+		p := s.u.n.p
+		if !reaped {
+			p.ct.DeleteFlow(s.tuple, s.flow)
+		}
+		p.untrack(s.flow)
+		p.udpSessions.Add(-1)
+	})
+}
+
+// endAll ends every session of the socket.
+func (u *npUDP) endAll() {
+	u.mu.Lock()
+	all := make([]*npSession, 0, len(u.sessions))
+	for _, s := range u.sessions {
+		all = append(all, s)
+	}
+	u.mu.Unlock()
+	for _, s := range all {
+		s.end(false)
+	}
+}

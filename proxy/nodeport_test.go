@@ -1,0 +1,117 @@
+package proxy
+
+import (
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/userproxy/userproxy/conntrack"
+)
+
+// freePort returns a loopback port nothing listens on (TCP and UDP).
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	return port
+}
+
+// TestNodePortsOnLoopback: a NodePort Service is served on 127.0.0.1:
+// TCP reaches the endpoint with a conntrack entry listing the address the
+// client used, which goes when the connection ends; UDP is relayed both
+// ways; a port taken on the host is reported, not fatal; a NodePort that
+// leaves the table is closed.
+func TestNodePortsOnLoopback(t *testing.T) {
+	p, tr, ct := newTestProxyWith(t, Config{}, true)
+	np := p.NewNodePorts([]netip.Addr{netip.MustParseAddr("127.0.0.1")})
+	defer np.Close()
+	ep, err := echoOn(t, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	epPort := ep.Addr().(*net.TCPAddr).Port
+	uep := udpEcho(t, "127.0.0.1:0")
+	tcpNP, udpNP := freePort(t), freePort(t)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	takenPort := taken.Addr().(*net.TCPAddr).Port
+
+	nodePort := func(n int) func(*v1.Service) {
+		return func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeNodePort; s.Spec.Ports[0].NodePort = int32(n) }
+	}
+	tr.OnServiceAdd(svc("web", "10.96.0.1", v1.ProtocolTCP, 80, nodePort(tcpNP)))
+	tr.OnEndpointSliceAdd(slice("web", "web-1", v1.ProtocolTCP, int32(epPort), "", "127.0.0.1"))
+	tr.OnServiceAdd(svc("dns", "10.96.0.2", v1.ProtocolUDP, 53, nodePort(udpNP)))
+	tr.OnEndpointSliceAdd(slice("dns", "dns-1", v1.ProtocolUDP, int32(uep.LocalAddr().(*net.UDPAddr).Port), "", "127.0.0.1"))
+	tr.OnServiceAdd(svc("clash", "10.96.0.3", v1.ProtocolTCP, 80, nodePort(takenPort)))
+	tr.OnEndpointSliceAdd(slice("clash", "clash-1", v1.ProtocolTCP, int32(epPort), "", "127.0.0.1"))
+	tr.OnSynced()
+	np.Sync(p.Table())
+
+	if f := np.Failed(); len(f) != 1 || !strings.Contains(f[0], "TCP 127.0.0.1:"+itoa(takenPort)) {
+		t.Fatalf("Failed: %q", f)
+	}
+	if np.Listening() != 2 {
+		t.Fatalf("listening on %d sockets, want 2", np.Listening())
+	}
+
+	c, err := net.DialTimeout("tcp", "127.0.0.1:"+itoa(tcpNP), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	expectExchange(t, c, c, "hello")
+	list := ct.List(conntrack.Filter{Protocol: conntrack.TCP})
+	if len(list) != 1 || list[0].Original.Dst() != netip.MustParseAddrPort("127.0.0.1:"+itoa(tcpNP)) ||
+		list[0].State != conntrack.TCPEstablished || list[0].Endpoint.Port() != uint16(epPort) {
+		t.Fatalf("conntrack: %v", list)
+	}
+	c.Close()
+	for deadline := time.Now().Add(5 * time.Second); len(ct.List(conntrack.Filter{Protocol: conntrack.TCP})) != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the entry outlived the connection")
+		}
+	}
+
+	uc, err := net.Dial("udp", "127.0.0.1:"+itoa(udpNP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	_ = uc.SetDeadline(time.Now().Add(5 * time.Second))
+	for _, msg := range []string{"one", "two"} {
+		if _, err := io.WriteString(uc, msg); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		n, err := uc.Read(buf)
+		if err != nil || string(buf[:n]) != uep.LocalAddr().String() { // the endpoint answers its address
+			t.Fatalf("UDP NodePort: %q %v", buf[:n], err)
+		}
+	}
+	if l := ct.List(conntrack.Filter{Protocol: conntrack.UDP}); len(l) != 1 {
+		t.Fatalf("UDP entries: %v", l)
+	}
+
+	// The web Service goes: its NodePort closes.
+	tr.OnServiceDelete(svc("web", "10.96.0.1", v1.ProtocolTCP, 80, nodePort(tcpNP)))
+	np.Sync(p.Table())
+	if _, err := net.DialTimeout("tcp", "127.0.0.1:"+itoa(tcpNP), time.Second); err == nil {
+		t.Fatal("the NodePort of a deleted Service still accepts")
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -74,7 +74,13 @@ type Sources struct {
 	ReloadErrors func() uint64
 	// DNS feeds the dns_* metrics (*clusterdns.Responder).
 	DNS interface{ Stats() clusterdns.Stats }
+	// NodePorts feeds nodeport_sockets{state}: the NodePort sockets open,
+	// and those that could not be opened (a port taken on the host).
+	NodePorts func() NodePortStats
 }
+
+// NodePortStats counts the NodePort front end's sockets.
+type NodePortStats struct{ Open, Failed int }
 
 // RegisterMetrics registers the collector of src on reg.
 func RegisterMetrics(reg prometheus.Registerer, src Sources) error {
@@ -103,6 +109,15 @@ func NewCollector(src Sources) prometheus.Collector {
 	}
 	if src.DNS != nil {
 		c.groups = append(c.groups, dnsGroup(src.DNS.Stats))
+	}
+	if src.NodePorts != nil {
+		c.groups = append(c.groups, &group[NodePortStats]{snapshot: src.NodePorts, defs: []def[NodePortStats]{
+			labeled("nodeport_sockets", "NodePort sockets by state: open, or failed (the port is taken on the host; see /healthz).",
+				prometheus.GaugeValue, []string{"state"}, func(s *NodePortStats, emit func(float64, ...string)) {
+					emit(float64(s.Open), "open")
+					emit(float64(s.Failed), "failed")
+				}),
+		}})
 	}
 	if src.ReloadErrors != nil {
 		c.groups = append(c.groups, &group[uint64]{snapshot: src.ReloadErrors, defs: []def[uint64]{

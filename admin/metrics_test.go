@@ -114,6 +114,7 @@ func fakeSources() admin.Sources {
 				Dropped: 1, TableFull: 5, Accepted: 11, TCPInFlight: 2, InFlightLimited: 7}
 		},
 		ReloadErrors: func() uint64 { return 2 },
+		NodePorts:    func() admin.NodePortStats { return admin.NodePortStats{Open: 3, Failed: 1} },
 		DNS:          dnsFake,
 	}
 }
@@ -195,6 +196,8 @@ func TestMetricsExposition(t *testing.T) {
 		"userproxy_gate_in_flight_limited_total 7",
 		"userproxy_gate_tcp_handshakes_in_flight 2",
 		"userproxy_config_reload_errors_total 2",
+		`userproxy_nodeport_sockets{state="open"} 3`,
+		`userproxy_nodeport_sockets{state="failed"} 1`,
 		`userproxy_dns_queries_total{rcode="NOERROR",type="A"} 5`,
 		`userproxy_dns_queries_total{rcode="NXDOMAIN",type="SRV"} 1`,
 		"userproxy_dns_dropped_total 1",

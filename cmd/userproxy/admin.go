@@ -33,6 +33,7 @@ type adminDeps struct {
 	profiling bool
 	dns       *clusterdns.Responder // nil with --dns=false
 	notes     func() []string       // /healthz notes
+	nodePorts *proxy.NodePorts
 }
 
 // startAdmin serves the admin endpoints on addr until ctx ends; the returned
@@ -45,6 +46,9 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 		Proxy:     d.px,
 		Tracker:   d.tracker,
 		Gate:      func() admin.GateStats { return admin.GateStats(d.st.Stats()) },
+	}
+	if np := d.nodePorts; np != nil {
+		sources.NodePorts = func() admin.NodePortStats { return admin.NodePortStats{Open: np.Listening(), Failed: len(np.Failed())} }
 	}
 	if d.defrag != nil { // a nil *Reassembler in an interface would not be nil
 		sources.Reassembler = d.defrag

@@ -53,6 +53,7 @@ type runFlags struct {
 	mtu                int
 	serviceCIDRs       prefixList
 	clusterCIDRs       prefixList
+	nodePortAddresses  string
 	nodeName, zone     string
 	adminAddr          string
 	minSyncPeriod      time.Duration
@@ -85,6 +86,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	f.serviceCIDRs.values = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
 	fs.Var(&f.serviceCIDRs, "service-cidr", "service CIDR routed into the TUN (repeatable; IPv6 too)")
 	fs.Var(&f.clusterCIDRs, "cluster-cidr", "pod CIDR of this cluster (repeatable): flows from it, as from this host's own addresses, to an external IP or LB IP of an externalTrafficPolicy Local service use every endpoint (kube-proxy's short-circuit)")
+	fs.StringVar(&f.nodePortAddresses, "nodeport-addresses", defaultNodePortAddresses, "where NodePorts are served: comma-separated CIDRs (this host's addresses in them) or \"primary\" (kube-proxy's syntax); empty: nowhere")
 	fs.StringVar(&f.nodeName, "node-name", host, "this node's name, for internalTrafficPolicy Local and topology hints")
 	fs.StringVar(&f.zone, "zone", "", "this node's topology.kubernetes.io/zone, for zone hints (empty: hints ignored)")
 	fs.StringVar(&f.adminAddr, "admin-addr", defaultAdminAddr, "address of the admin server (/healthz, /metrics, /debug); empty disables it")
@@ -214,6 +216,12 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	var synced sync.Once
 	firstSync := make(chan struct{})
 	var routes atomic.Pointer[extRoutes] // set once the TUN is open
+	npAddrs, err := nodePortAddrs(f.nodePortAddresses)
+	if err != nil {
+		return err
+	}
+	nodePorts := px.NewNodePorts(npAddrs)
+	defer nodePorts.Close()
 	steppedAside := stepAsideLogger(f, logger)
 	tracker, err := service.NewTracker(service.Config{
 		NodeName: f.nodeName, Zone: f.zone, MinSyncPeriod: f.minSyncPeriod,
@@ -223,6 +231,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 			if r := routes.Load(); r != nil {
 				r.Sync(t.ExternalAddrs())
 			}
+			nodePorts.Sync(t)
 			steppedAside(t)
 			synced.Do(func() { close(firstSync) })
 			if ce := logger.Check(zap.DebugLevel, "service table live"); ce != nil {
@@ -280,7 +289,8 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 
 	// 6. The admin server.
 	if f.adminAddr != "" {
-		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, notes: ext.notes}, logger.Named("admin"))
+		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts,
+			notes: func() []string { return append(ext.notes(), nodePorts.Failed()...) }}, logger.Named("admin"))
 		if err != nil {
 			return err
 		}

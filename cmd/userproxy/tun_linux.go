@@ -263,3 +263,44 @@ func (n netlinkRoutes) del(dst netip.Prefix) error {
 	}
 	return err
 }
+
+// primaryAddrs returns the node's primary address of each family: the
+// preferred source of its default route, else the first global address of
+// the default route's device (kube-proxy's "primary" NodePort addresses).
+func primaryAddrs() ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		routes, err := netlink.RouteList(nil, fam)
+		if err != nil {
+			return nil, fmt.Errorf("listing routes: %w", err)
+		}
+		for _, r := range routes {
+			if r.Dst != nil && !r.Dst.IP.IsUnspecified() {
+				continue // not a default route
+			}
+			if a, ok := netip.AddrFromSlice(r.Src); ok && r.Src != nil {
+				out = append(out, a.Unmap())
+				break
+			}
+			l, err := netlink.LinkByIndex(r.LinkIndex)
+			if err != nil {
+				continue
+			}
+			addrs, err := netlink.AddrList(l, fam)
+			if err != nil {
+				continue
+			}
+			for _, a := range addrs {
+				if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.IsGlobalUnicast() {
+					out = append(out, ip.Unmap())
+					break
+				}
+			}
+			break
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no default route: this host has no primary address")
+	}
+	return out, nil
+}

@@ -88,3 +88,8 @@ func (r routeCmds) del(dst netip.Prefix) error {
 	}
 	return nil
 }
+
+// primaryAddrs is not available here: give --nodeport-addresses CIDRs.
+func primaryAddrs() ([]netip.Addr, error) {
+	return nil, errors.New("\"primary\" is resolved on Linux only; give CIDRs")
+}

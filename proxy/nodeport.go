@@ -211,6 +211,9 @@ func (p *Proxy) handleNodePortTCP(c net.Conn, fam service.Family, port uint16) {
 	backend, err := p.cfg.Dialer.DialContext(ctx, "tcp", pk.endpoint.String())
 	cancel()
 	p.stats.observeDial(time.Since(start))
+	if err == nil {
+		err = p.sendProxyHeader(backend, pk, tuple)
+	}
 	if err != nil {
 		pk.release()
 		p.ct.DeleteFlow(tuple, nil)
@@ -296,6 +299,9 @@ type npSession struct {
 	backend net.Conn
 	flow    *flow
 	once    sync.Once
+	// prefix is the PROXY protocol v2 header sent before every datagram
+	// (nil for none); scratch, under u.mu, holds the two together.
+	prefix, scratch []byte
 	// lastTouch is when the entry was last refreshed (Unix nanoseconds),
 	// under u.mu.
 	lastTouch int64
@@ -328,7 +334,12 @@ func (u *npUDP) serve() { // NodePort UDP reader
 				continue // refused: dropped
 			}
 		}
-		if _, err := s.backend.Write(buf[:nr]); err == nil {
+		out := buf[:nr]
+		if len(s.prefix) > 0 { // only the reader goroutine writes to the endpoint
+			s.scratch = append(append(s.scratch[:0], s.prefix...), out...)
+			out = s.scratch
+		}
+		if _, err := s.backend.Write(out); err == nil {
 			u.n.p.stats.bytes[0].Add(uint64(nr))
 		}
 	}
@@ -362,6 +373,9 @@ func (u *npUDP) start(client netip.AddrPort) *npSession {
 	}
 	p.stats.count(conntrack.UDP, ResultProxied)
 	s := &npSession{u: u, client: client, tuple: tuple, backend: backend, lastTouch: time.Now().UnixNano()}
+	if pk.pp != ProxyProtocolNone {
+		s.prefix, _ = AppendProxyHeader(nil, pk.pp, service.UDP, client, local)
+	}
 	s.flow = newFlow(tuple, false, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: pk.port.Name.String()}, s.end)
 	s.flow.count(pk)
 	if !p.track(s.flow) {

@@ -37,10 +37,9 @@ import (
 )
 
 // AnnotationProxyProtocol is the Service annotation that asks for a PROXY
-// protocol header on each endpoint connection; its values are those
-// ParseProxyProtocol accepts. It lives here, beside the parser, because
-// package service knows nothing of the header.
-const AnnotationProxyProtocol = "userproxy.io/proxy-protocol"
+// protocol header on each endpoint connection (service.Port.ProxyProtocol
+// carries its value); its values are those ParseProxyProtocol accepts.
+const AnnotationProxyProtocol = service.AnnotationProxyProtocol
 
 // ProxyProtocol is the PROXY protocol version a Service asks for. The zero
 // value sends no header.

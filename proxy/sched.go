@@ -53,6 +53,7 @@ type dest struct {
 type portState struct {
 	port   *service.Port
 	cfg    balancer.SchedulerConfig
+	pp     ProxyProtocol    // userproxy.io/proxy-protocol
 	picker *balancer.Picker // "random": the lottery and xt_recent affinity
 	// The port's endpoint sets (resolve.go): internal (Endpoints), external
 	// (ExternalEndpoints) and from this host (ClusterEndpoints); a set
@@ -95,6 +96,24 @@ func (p *Proxy) schedulerOf(port *service.Port) balancer.SchedulerConfig {
 	return cfg
 }
 
+// proxyProtocolOf returns the PROXY protocol header a port asks for; one
+// that does not parse, or v1 on a UDP port, sends none (cmd refuses such
+// files at load; the API source's objects are not checked).
+func (p *Proxy) proxyProtocolOf(port *service.Port) ProxyProtocol {
+	if port.ProxyProtocol == "" {
+		return ProxyProtocolNone
+	}
+	v, err := ParseProxyProtocol(port.ProxyProtocol)
+	if err == nil {
+		err = v.Check(port.Protocol)
+	}
+	if err != nil {
+		p.logger.Warn("ignoring the PROXY protocol annotation", zap.Stringer("servicePort", port.Name), zap.Error(err))
+		return ProxyProtocolNone
+	}
+	return v
+}
+
 // sameEndpoints reports whether a and b are the same list (the service
 // table shares a set's slice with an equal one).
 func sameEndpoints(a, b []service.Endpoint) bool {
@@ -106,7 +125,7 @@ func sameEndpoints(a, b []service.Endpoint) bool {
 // schedulers and affinity when neither the scheduler nor the affinity
 // changed.
 func (p *Proxy) newPortState(port *service.Port, old *portState) *portState {
-	s := &portState{port: port, cfg: p.schedulerOf(port)}
+	s := &portState{port: port, cfg: p.schedulerOf(port), pp: p.proxyProtocolOf(port)}
 	keep := old != nil && old.cfg == s.cfg && old.port.Affinity == port.Affinity
 	if !s.cfg.IPVS() {
 		if keep {
@@ -226,6 +245,7 @@ type pick struct {
 	ok         bool
 	dest       *dest              // counts the flow; nil for an uncounted pick
 	tmpl       *balancer.Template // the persistence template, if any
+	pp         ProxyProtocol      // the header to send first, if any
 }
 
 // choose runs step 2 for a flow to tg (Forward), with s the port's state
@@ -241,6 +261,11 @@ func (p *Proxy) choose(s *portState, tg target, flow conntrack.Tuple) pick {
 	var set *endpointSet
 	if s != nil && s.port == tg.port {
 		set = s.sets[tg.set]
+	}
+	if set != nil {
+		pk.pp = s.pp
+	} else {
+		pk.pp = p.proxyProtocolOf(tg.port)
 	}
 	switch {
 	case set == nil:

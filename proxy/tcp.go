@@ -56,6 +56,9 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 	backend, err := p.cfg.Dialer.DialContext(ctx, "tcp", endpoint.String())
 	cancel()
 	p.stats.observeDial(time.Since(start))
+	if err == nil {
+		err = p.sendProxyHeader(backend, pk, tuple)
+	}
 	if err != nil {
 		pk.release()
 		p.stats.count(conntrack.TCP, ResultDialFailed)
@@ -87,6 +90,22 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
 	}
 	s.run() // 5
+}
+
+// sendProxyHeader writes the PROXY protocol header the pick's Service asks
+// for, if any, first on the endpoint connection: the client's address and
+// the destination it used (proxyproto.go). A failure closes backend.
+func (p *Proxy) sendProxyHeader(backend net.Conn, pk pick, tuple conntrack.Tuple) error {
+	if pk.pp == ProxyProtocolNone {
+		return nil
+	}
+	_ = backend.SetWriteDeadline(time.Now().Add(p.cfg.DialTimeout))
+	err := writeProxyHeader(backend, pk.pp, service.TCP, tuple.Src(), tuple.Dst())
+	_ = backend.SetWriteDeadline(time.Time{})
+	if err != nil {
+		resetTCP(backend)
+	}
+	return err
 }
 
 // halfCloser is a connection that can close its write side alone.

@@ -110,6 +110,13 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
 	}
 	s := newUDPSender(backend, &p.stats.bytes[0])
+	if s != nil && pk.pp != ProxyProtocolNone {
+		hdr, err := AppendProxyHeader(nil, pk.pp, service.UDP, tuple.Src(), tuple.Dst())
+		if err != nil {
+			p.logger.Warn("no PROXY protocol header for a UDP flow", zap.Stringer("servicePort", port.Name), zap.Error(err))
+		}
+		s.prefix = hdr
+	}
 	if s == nil {
 		done := make(chan struct{}, 2)
 		go p.pumpClientToEndpoint(r.Conn, backend, done)
@@ -289,6 +296,10 @@ type udpSender struct {
 	n    int
 	err  error
 	fn   func(fd uintptr) bool // s.write, bound once
+	// prefix, when set, goes in front of every datagram: the flow's PROXY
+	// protocol v2 header (a header of its own would be a datagram of its
+	// own); scratch holds prefix and payload together.
+	prefix, scratch []byte
 }
 
 // newUDPSender returns a sender on c, or nil when c is not a kernel socket.
@@ -315,11 +326,15 @@ func (s *udpSender) write(fd uintptr) bool {
 func (s *udpSender) send(b []byte) {
 	s.mu.Lock()
 	s.buf = b
+	if len(s.prefix) > 0 {
+		s.scratch = append(append(s.scratch[:0], s.prefix...), b...)
+		s.buf = s.scratch
+	}
 	err := s.rc.Write(s.fn)
 	if err == nil {
 		err = s.err
 	}
-	n := s.n
+	n := s.n - len(s.prefix)
 	s.buf = nil
 	s.mu.Unlock()
 	if err == nil {

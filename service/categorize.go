@@ -62,6 +62,7 @@ func buildPorts(info *svcInfo, sl []*sliceInfo, node nodeInfo, sc *scratch) []*P
 				Port:                       ps.Port,
 				Affinity:                   info.affinity,
 				Scheduler:                  info.scheduler,
+				ProxyProtocol:              info.proxyProt,
 				InternalTrafficPolicyLocal: info.itpLocal,
 				NodePort:                   info.nodePorts[i],
 				ExternalIPs:                ext.externalIPs,

@@ -39,6 +39,7 @@ type svcInfo struct {
 	affinity  Affinity
 	itpLocal  bool
 	scheduler Scheduler
+	proxyProt string
 	// dns is what cluster DNS publishes of the service, when hasDNS; for a
 	// headless service, the endpoints are added at build time from its
 	// slices (buildDNS). Kept by value: one allocation less per service.
@@ -113,6 +114,7 @@ func newSvcInfo(s *v1.Service, checkScheduler func(name, flags string) error) *s
 	}
 	info.itpLocal = s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
 	info.scheduler = Scheduler{Name: s.Annotations[AnnotationScheduler], Flags: s.Annotations[AnnotationSchedulerFlags]}
+	info.proxyProt = s.Annotations[AnnotationProxyProtocol]
 	if info.scheduler != (Scheduler{}) && checkScheduler != nil {
 		if err := checkScheduler(info.scheduler.Name, info.scheduler.Flags); err != nil {
 			return skipAll(fmt.Sprintf("annotation %s: %v", AnnotationScheduler, err))

@@ -181,6 +181,9 @@ type Scheduler struct {
 const (
 	AnnotationScheduler      = "userproxy.io/scheduler"
 	AnnotationSchedulerFlags = "userproxy.io/scheduler-flags"
+	// AnnotationProxyProtocol asks for a PROXY protocol header (v1 or v2)
+	// on each endpoint connection (Port.ProxyProtocol).
+	AnnotationProxyProtocol = "userproxy.io/proxy-protocol"
 )
 
 // Session affinity limits, as the API server defaults and validates them.
@@ -282,6 +285,10 @@ type Port struct {
 	// Scheduler is what the service's annotations ask for; the zero value
 	// means the proxy's default (--scheduler).
 	Scheduler Scheduler
+	// ProxyProtocol is the userproxy.io/proxy-protocol annotation as
+	// written ("", "v1", "v2"): the PROXY protocol header the proxy sends
+	// first on each endpoint connection. The proxy parses it.
+	ProxyProtocol string
 	// InternalTrafficPolicyLocal is true for internalTrafficPolicy: Local.
 	InternalTrafficPolicyLocal bool
 	// Topology is the topology mode used to pick Endpoints: "",
@@ -341,7 +348,7 @@ type Port struct {
 
 func (p *Port) equal(o *Port) bool {
 	return p.Name == o.Name && p.Protocol == o.Protocol && p.Family == o.Family &&
-		p.ClusterIP == o.ClusterIP && p.Port == o.Port && p.Affinity == o.Affinity && p.Scheduler == o.Scheduler &&
+		p.ClusterIP == o.ClusterIP && p.Port == o.Port && p.Affinity == o.Affinity && p.Scheduler == o.Scheduler && p.ProxyProtocol == o.ProxyProtocol &&
 		p.InternalTrafficPolicyLocal == o.InternalTrafficPolicyLocal &&
 		p.Topology == o.Topology && p.Verdict == o.Verdict &&
 		slices.Equal(p.ClusterIPs, o.ClusterIPs) && slices.Equal(p.Serving, o.Serving) &&

@@ -148,15 +148,29 @@ func checkScheduler(name, flags string) error {
 	return err
 }
 
-// checkServiceScheduler refuses a Service whose scheduler annotations do
-// not parse (file.WithServiceCheck): a bad file fails its load.
-func checkServiceScheduler(s *v1.Service) error {
+// checkServiceAnnotations refuses a Service whose userproxy.io annotations
+// do not parse (file.WithServiceCheck): a bad file fails its load. The
+// scheduler and its flags must parse; the PROXY protocol version must be
+// one the Service's ports can carry (v1 has no UDP).
+func checkServiceAnnotations(s *v1.Service) error {
 	name, flags := s.Annotations[service.AnnotationScheduler], s.Annotations[service.AnnotationSchedulerFlags]
-	if name == "" && flags == "" {
-		return nil
+	if name != "" || flags != "" {
+		if err := checkScheduler(name, flags); err != nil {
+			return fmt.Errorf("metadata.annotations[%s]: %w", service.AnnotationScheduler, err)
+		}
 	}
-	if err := checkScheduler(name, flags); err != nil {
-		return fmt.Errorf("metadata.annotations[%s]: %w", service.AnnotationScheduler, err)
+	if pp, ok := s.Annotations[service.AnnotationProxyProtocol]; ok {
+		v, err := proxy.ParseProxyProtocol(pp)
+		for i := 0; err == nil && i < len(s.Spec.Ports); i++ {
+			proto := service.TCP
+			if s.Spec.Ports[i].Protocol == v1.ProtocolUDP {
+				proto = service.UDP
+			}
+			err = v.Check(proto)
+		}
+		if err != nil {
+			return fmt.Errorf("metadata.annotations[%s]: %w", service.AnnotationProxyProtocol, err)
+		}
 	}
 	return nil
 }
@@ -325,7 +339,7 @@ const shutdownGrace = 3 * time.Second
 
 func newSource(f *runFlags, h service.Handler, logger *zap.Logger) (objectSource, error) {
 	if f.config != "" {
-		s := file.New(f.config, h, logger.Named("file"), file.WithServiceCheck(checkServiceScheduler))
+		s := file.New(f.config, h, logger.Named("file"), file.WithServiceCheck(checkServiceAnnotations))
 		if err := s.Load(); err != nil {
 			return nil, err
 		}

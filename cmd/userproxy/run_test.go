@@ -34,9 +34,9 @@ func TestHandshakeTimeoutHelpSaysSYN(t *testing.T) {
 	}
 }
 
-// TestCheckServiceScheduler: a file Service naming an unknown scheduler, or
+// TestCheckServiceAnnotations: a file Service naming an unknown scheduler, or
 // flags its scheduler does not take, is refused with the annotation named.
-func TestCheckServiceScheduler(t *testing.T) {
+func TestCheckServiceAnnotations(t *testing.T) {
 	for _, tc := range []struct {
 		ann  map[string]string
 		fail bool
@@ -45,10 +45,14 @@ func TestCheckServiceScheduler(t *testing.T) {
 		{map[string]string{service.AnnotationScheduler: "mh", service.AnnotationSchedulerFlags: "mh-port"}, false},
 		{map[string]string{service.AnnotationScheduler: "fastest"}, true},
 		{map[string]string{service.AnnotationScheduler: "rr", service.AnnotationSchedulerFlags: "sh-port"}, true},
+		{map[string]string{service.AnnotationProxyProtocol: "v2"}, false},
+		{map[string]string{service.AnnotationProxyProtocol: "v3"}, true},
+		{map[string]string{service.AnnotationProxyProtocol: "v1"}, true}, // the Service has a UDP port
 	} {
-		s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Annotations: tc.ann}}
-		err := checkServiceScheduler(s)
-		if (err != nil) != tc.fail || (err != nil && !strings.Contains(err.Error(), "metadata.annotations[userproxy.io/scheduler]")) {
+		s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Annotations: tc.ann},
+			Spec: v1.ServiceSpec{Ports: []v1.ServicePort{{Protocol: v1.ProtocolTCP}, {Protocol: v1.ProtocolUDP}}}}
+		err := checkServiceAnnotations(s)
+		if (err != nil) != tc.fail || (err != nil && !strings.Contains(err.Error(), "metadata.annotations[userproxy.io/")) {
 			t.Errorf("%v: %v", tc.ann, err)
 		}
 	}

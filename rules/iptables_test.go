@@ -421,16 +421,7 @@ func TestWriteOptions(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			out := writeRules(t, tbl, tt.opts)
-			for _, s := range tt.present {
-				if !strings.Contains(out, s) {
-					t.Errorf("output lacks %q\n%s", s, out)
-				}
-			}
-			for _, s := range tt.absent {
-				if strings.Contains(out, s) {
-					t.Errorf("output has %q\n%s", s, out)
-				}
-			}
+			checkContains(t, out, tt.present, tt.absent)
 		})
 	}
 }

@@ -72,17 +72,12 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 // nodePortAddrs is --nodeport-addresses in kube-proxy's syntax: CIDRs,
-// comma-separated, the flag repeatable. kube-proxy's "primary" (the node's
+// comma-separated, the flag repeatable; host bits are dropped, as
+// kube-proxy's sloppy parsing does. kube-proxy's "primary" (the node's
 // primary IPs) is refused: this command does not know them.
 type nodePortAddrs struct{ values []netip.Prefix }
 
-func (n *nodePortAddrs) String() string {
-	s := make([]string, len(n.values))
-	for i, v := range n.values {
-		s[i] = v.String()
-	}
-	return strings.Join(s, ",")
-}
+func (n *nodePortAddrs) String() string { return (&prefixList{values: n.values}).String() }
 
 func (n *nodePortAddrs) Set(v string) error {
 	for _, part := range strings.Split(v, ",") {

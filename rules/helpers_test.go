@@ -125,3 +125,19 @@ func skipUnlessCI(t testing.TB, format string, args ...any) {
 	}
 	t.Fatalf(format+" (CI must run this test)", args...)
 }
+
+// checkContains fails t for each of present that out lacks and each of
+// absent that it has.
+func checkContains(t *testing.T, out string, present, absent []string) {
+	t.Helper()
+	for _, s := range present {
+		if !strings.Contains(out, s) {
+			t.Errorf("output lacks %q\n%s", s, out)
+		}
+	}
+	for _, s := range absent {
+		if strings.Contains(out, s) {
+			t.Errorf("output has %q\n%s", s, out)
+		}
+	}
+}

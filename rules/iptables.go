@@ -10,17 +10,27 @@ package rules
 //  2. the rules of syncProxyRules (kubernetes pkg/proxy/iptables/proxier.go)
 //     for each port: the KUBE-SERVICES capture of the ClusterIP, or a
 //     filter-table REJECT (no endpoints) or DROP (internalTrafficPolicy
-//     Local without a local endpoint); the KUBE-SVC (KUBE-SVL for Local
-//     policy) chain with the ClientIP affinity checks and the statistic
-//     cascade (writeServiceToEndpointRules); one KUBE-SEP chain per endpoint;
+//     Local without a local endpoint); the captures of its NodePort,
+//     external IPs and load-balancer IPs, with their KUBE-EXT and KUBE-FW
+//     chains and filter-table REJECT, DROP and ACCEPT rules (external.go);
+//     the KUBE-SVC chain (cluster endpoints) and KUBE-SVL chain (local
+//     endpoints, for either Local policy) with the ClientIP affinity checks
+//     and the statistic cascade (writeServiceToEndpointRules); one KUBE-SEP
+//     chain per endpoint either uses;
 //  3. the static rules around them (KUBE-POSTROUTING, KUBE-MARK-MASQ,
-//     KUBE-FORWARD with the INVALID drop, the nodeports tail rule);
+//     KUBE-FORWARD with the INVALID drop, KUBE-FIREWALL for localhost
+//     NodePorts, the nodeports tail rule(s) of --nodeport-addresses);
 //  4. printed as iptables-save prints them back (FormatSave) or as
 //     kube-proxy hands them to iptables-restore (FormatRestore).
 //
-// What is not printed, because the proxy does not model it: NodePorts,
-// external IPs, load-balancer IPs and their KUBE-EXT/KUBE-FW chains, health
-// check node ports, and externalTrafficPolicy.
+// What is not printed: the KUBE-FW rules that let in traffic from a
+// load-balancer IP itself when a source range contains the node's IP
+// (kube-proxy's allowFromNode: no node IP is known here, as for a
+// kube-proxy without one), the mangle table's KUBE-PROXY-CANARY, and the
+// removal (-X) of stale chains. Chains that kube-proxy builds from a map
+// (the KUBE-SEP chains of a port using both its cluster and local
+// endpoints, the nodeports tail rules of --nodeport-addresses) are in
+// sorted order, where kube-proxy's order varies from sync to sync.
 
 import (
 	"bufio"
@@ -102,6 +112,31 @@ type Options struct {
 	// --conntrack-tcp-be-liberal); kube-proxy then writes no rule dropping
 	// INVALID packets.
 	TCPBeLiberal bool
+	// NodePortAddresses is kube-proxy's --nodeport-addresses: the CIDRs
+	// (of both families; a "primary" entry is the caller's to resolve into
+	// the node's IPs) whose local addresses NodePorts answer on. A family
+	// with no CIDR here, or with a zero-length one (0.0.0.0/0, ::/0),
+	// answers on every local address: the `-m addrtype --dst-type LOCAL`
+	// jump to KUBE-NODEPORTS. Otherwise KUBE-SERVICES jumps to it for each
+	// of LocalAddrs in a CIDR (`-d IP`), as kube-proxy does for the
+	// addresses it finds on the node's interfaces. IPv4 localhost
+	// NodePorts (127.0.0.0/8, route_localnet, and kube-proxy's copy of
+	// kubelet's KUBE-FIREWALL rule) are on when no IPv4 CIDR is given or
+	// one contains a loopback address.
+	NodePortAddresses []netip.Prefix
+	// LocalAddrs are the node's interface addresses (net.InterfaceAddrs),
+	// matched against NodePortAddresses; unused when those match all.
+	LocalAddrs []netip.Addr
+	// NoLocalhostNodePorts is kube-proxy's
+	// --iptables-localhost-nodeports=false: no IPv4 NodePorts on loopback
+	// addresses whatever NodePortAddresses say.
+	NoLocalhostNodePorts bool
+	// NFAcct says kube-proxy's nfacct counters exist (it creates them when
+	// the kernel has nfnetlink_acct): the INVALID drop then counts into
+	// ct_state_invalid_dropped_pkts, and each NodePort gets a rule
+	// counting localhost NodePort packets into localhost_nps_accepted_pkts
+	// before its plain rule. Off, kube-proxy writes neither match.
+	NFAcct bool
 	// JumpRules adds the rules that hook kube-proxy's chains into the
 	// built-in chains (PREROUTING and OUTPUT to KUBE-SERVICES, FORWARD to
 	// KUBE-FORWARD, ...). kube-proxy creates them with single iptables
@@ -240,20 +275,19 @@ type familyRules struct {
 
 // familyNet holds the family-dependent spellings.
 type familyNet struct {
-	hostBits     int    // 32 or 128: the prefix length iptables-save prints
-	recentMask   string // xt_recent's default --mask, as saved
-	rejectWith   string // REJECT's default --reject-with, as saved
-	saveCmd      string // the tool whose output FormatSave mimics
-	restoreCmd   string
-	nodePortsDst string // the "! -d" of the nodeports rule, "" for IPv4
+	hostBits   int    // 32 or 128: the prefix length iptables-save prints
+	recentMask string // xt_recent's default --mask, as saved
+	rejectWith string // REJECT's default --reject-with, as saved
+	saveCmd    string // the tool whose output FormatSave mimics
+	restoreCmd string
 }
 
 func netOf(fam service.Family) familyNet {
 	if fam == service.IPv6 {
 		return familyNet{128, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "icmp6-port-unreachable",
-			"ip6tables-save", "ip6tables-restore", "::1/128"}
+			"ip6tables-save", "ip6tables-restore"}
 	}
-	return familyNet{32, "255.255.255.255", "icmp-port-unreachable", "iptables-save", "iptables-restore", ""}
+	return familyNet{32, "255.255.255.255", "icmp-port-unreachable", "iptables-save", "iptables-restore"}
 }
 
 // buildFamily computes the rules of one family, following syncProxyRules
@@ -290,9 +324,12 @@ func buildFamily(fam service.Family, all []*service.Port, opts *Options) *family
 		"-j MARK --or-mark "+markRestore,
 		fmt.Sprintf("-j MARK --set-xmark %s/%s", markSave, markSave))
 
-	// kube-proxy duplicates kubelet's anti-martian rule for IPv4 when
-	// localhost NodePorts are enabled (the default).
-	if fam == service.IPv4 {
+	// Localhost NodePorts (route_localnet) are on for IPv4 unless turned
+	// off or --nodeport-addresses leaves out loopback (NewProxier); then
+	// kube-proxy duplicates kubelet's anti-martian rule.
+	npa := newNodePortAddresses(fam, opts.NodePortAddresses)
+	localhostNodePorts := fam == service.IPv4 && !opts.NoLocalhostNodePorts && npa.containsIPv4Loopback
+	if localhostNodePorts {
 		filter.declare(chainKubeletFirewall)
 		filter.add(chainKubeletFirewall,
 			`-m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`,
@@ -310,7 +347,7 @@ func buildFamily(fam service.Family, all []*service.Port, opts *Options) *family
 			endpoints += len(p.Endpoints)
 		}
 	}
-	b := portRules{nw: nw, opts: opts, largeCluster: endpoints > largeClusterEndpoints}
+	b := portRules{nw: nw, opts: opts, largeCluster: endpoints > largeClusterEndpoints, localhostNodePorts: localhostNodePorts}
 	for _, c := range opts.ClusterCIDRs {
 		if (c.Addr().Is4() && fam == service.IPv4) || (c.Addr().Is6() && !c.Addr().Is4In6() && fam == service.IPv6) {
 			b.clusterCIDR = c.Masked()
@@ -322,23 +359,21 @@ func buildFamily(fam service.Family, all []*service.Port, opts *Options) *family
 	}
 
 	// The tail of KUBE-SERVICES: local destinations go on to the nodeports
-	// chain (nodePortAddresses matching all, the default).
-	const npComment = `"kubernetes service nodeports; NOTE: this must be the last rule in this chain"`
-	if nw.nodePortsDst != "" {
-		nat.add(chainServices,
-			"-m comment --comment "+npComment+" -m addrtype --dst-type LOCAL ! -d "+nw.nodePortsDst+" -j "+chainNodePorts,
-			"! -d "+nw.nodePortsDst+" -m comment --comment "+npComment+" -m addrtype --dst-type LOCAL -j "+chainNodePorts)
-	} else {
-		r := "-m comment --comment " + npComment + " -m addrtype --dst-type LOCAL -j " + chainNodePorts
-		nat.add(chainServices, r, r)
-	}
+	// chain.
+	b.writeNodePortsTail(nat, fam, &npa)
 
 	// KUBE-FORWARD: drop INVALID packets unless the conntrack is liberal
 	// (kubernetes issues 74839 and 117924), then accept marked and
 	// tracked traffic.
 	if !opts.TCPBeLiberal {
-		r := "-m conntrack --ctstate INVALID -j DROP"
-		filter.add(chainForward, r, r)
+		if opts.NFAcct {
+			filter.add(chainForward,
+				"-m conntrack --ctstate INVALID -m nfacct --nfacct-name "+nfacctInvalidDropped+" -j DROP",
+				"-m conntrack --ctstate INVALID -m nfacct --nfacct-name "+saveStringSpaced(nfacctInvalidDropped)+" -j DROP")
+		} else {
+			r := "-m conntrack --ctstate INVALID -j DROP"
+			filter.add(chainForward, r, r)
+		}
 	}
 	filter.add(chainForward,
 		fmt.Sprintf(`-m comment --comment "kubernetes forwarding rules" -m mark --mark %s/%s -j ACCEPT`, markRestore, markRestore),
@@ -392,111 +427,234 @@ type portRules struct {
 	opts         *Options
 	clusterCIDR  netip.Prefix // of this family; invalid when none
 	largeCluster bool
+	// localhostNodePorts is the proxier's localhostNodePorts after
+	// NewProxier's checks: IPv4, not turned off, and --nodeport-addresses
+	// containing an IPv4 loopback address.
+	localhostNodePorts bool
 }
 
+// write writes one service port's rules in the order of syncProxyRules'
+// loop body: the filter and nat captures of the ClusterIP, the external
+// IPs, the load-balancer IPs, the NodePort and the health check node port;
+// then the masquerade rule of the internal chain, the KUBE-EXT and KUBE-FW
+// chains (external.go), the KUBE-SVC and KUBE-SVL chains, and one KUBE-SEP
+// chain per endpoint either of them uses.
 func (b *portRules) write(filter, nat *ruleTable, p *service.Port) {
+	s := setsOf(p)
 	name := p.Name.String()
 	proto := protoName(p.Protocol)
-	ip := p.ClusterIP.String()
-	ipSave := ip + "/" + strconv.Itoa(b.nw.hostBits)
-	dport := strconv.Itoa(int(p.Port))
 
 	// 1. Capture the ClusterIP, or refuse traffic to it in the filter
 	// table: REJECT without endpoints, DROP when the Local policy finds
 	// none on this node.
-	switch {
-	case p.Verdict == service.NoLocalEndpoints:
-		b.refuse(filter, p, `"`+name+` has no local endpoints"`, "DROP")
-		return
-	case p.Verdict != service.Forward || len(p.EndpointKeys) == 0:
-		b.refuse(filter, p, `"`+name+` has no endpoints"`, "REJECT")
-		return
+	if s.hasInternal {
+		b.dstRule(nat, chainServices, `"`+name+` cluster IP"`, proto, p.ClusterIP, p.Port, s.internalChain)
+	} else if !s.hasEndpoints {
+		b.dstRule(filter, chainServices, `"`+name+` has no endpoints"`, proto, p.ClusterIP, p.Port, "REJECT")
+	} else {
+		b.dstRule(filter, chainServices, `"`+name+` has no local endpoints"`, proto, p.ClusterIP, p.Port, "DROP")
 	}
-	svcChain := ServiceChain(p.Name, p.Protocol)
-	if p.InternalTrafficPolicyLocal {
-		svcChain = LocalServiceChain(p.Name, p.Protocol)
-	}
-	clusterComment := `"` + name + ` cluster IP"`
-	nat.add(chainServices,
-		fmt.Sprintf("-m comment --comment %s -m %s -p %s -d %s --dport %s -j %s", clusterComment, proto, proto, ip, dport, svcChain),
-		fmt.Sprintf("-d %s -p %s -m comment --comment %s -m %s --dport %s -j %s", ipSave, proto, saveString(name+" cluster IP"), proto, dport, svcChain))
 
-	// 2. Masquerade off-cluster traffic to the ClusterIP.
-	if b.opts.MasqueradeAll || b.clusterCIDR.IsValid() {
+	// 2. Capture the external destinations (external.go).
+	if s.external {
+		b.writeExternalCaptures(filter, nat, p, &s)
+	}
+
+	// 3. Masquerade off-cluster traffic to the ClusterIP.
+	if s.hasInternal && (b.opts.MasqueradeAll || b.clusterCIDR.IsValid()) {
+		ip := p.ClusterIP.String()
+		ipSave := ip + "/" + strconv.Itoa(b.nw.hostBits)
+		dport := strconv.Itoa(int(p.Port))
+		clusterComment := `"` + name + ` cluster IP"`
 		notSrc, notSrcSave := "", ""
 		if !b.opts.MasqueradeAll {
 			notSrc = " ! -s " + b.clusterCIDR.String()
 			notSrcSave = "! -s " + b.clusterCIDR.String() + " "
 		}
-		nat.add(svcChain,
+		nat.add(s.internalChain,
 			fmt.Sprintf("-m comment --comment %s -m %s -p %s -d %s --dport %s%s -j %s", clusterComment, proto, proto, ip, dport, notSrc, chainMarkMasq),
 			fmt.Sprintf("%s-d %s -p %s -m comment --comment %s -m %s --dport %s -j %s", notSrcSave, ipSave, proto, saveString(name+" cluster IP"), proto, dport, chainMarkMasq))
 	}
 
-	// 3. The service chain (writeServiceToEndpointRules): affinity checks
+	// 4. The external destination and firewall chains (external.go).
+	if s.usesExternalChain {
+		b.writeExternalChain(nat, p, &s)
+	}
+	if s.usesFirewallChain {
+		b.writeFirewallChain(nat, p, &s)
+	}
+
+	// 5. The policy chains (writeServiceToEndpointRules): affinity checks
 	// first, then the cascade.
-	nat.declare(svcChain)
-	sepChains := make([]string, len(p.EndpointKeys))
-	for i, key := range p.EndpointKeys {
+	if s.usesClusterChain {
+		b.writeServiceChain(nat, p, s.clusterChain, s.clusterKeys)
+	}
+	if s.usesLocalChain {
+		b.writeServiceChain(nat, p, s.localChain, s.localKeys)
+	}
+
+	// 6. One chain per endpoint the policy chains use (kube-proxy's
+	// allLocallyReachableEndpoints): masquerade hairpin traffic, remember
+	// the client for affinity, DNAT.
+	for _, e := range s.reachable {
+		b.writeEndpointChain(nat, p, e)
+	}
+}
+
+// portSets are the endpoint sets and chains of one service port, as
+// syncProxyRules derives them from CategorizeEndpoints and the port's
+// traffic policies (pkg/proxy/iptables/proxier.go; UsesClusterEndpoints
+// and UsesLocalEndpoints in pkg/proxy/serviceport.go).
+type portSets struct {
+	// external is the port's ExternallyAccessible: it has a NodePort,
+	// an external IP or a load-balancer IP of this family.
+	external bool
+	// hasEndpoints: usable endpoints anywhere; hasInternal: for
+	// ClusterIP traffic; hasExternal: for external traffic from elsewhere.
+	hasEndpoints, hasInternal, hasExternal bool
+
+	clusterChain, localChain string
+	// internalChain is the ClusterIP's target; externalPolicyChain is the
+	// target of the KUBE-EXT chain's last rule.
+	internalChain, externalPolicyChain string
+
+	clusterKeys, localKeys               []string
+	usesClusterChain, usesLocalChain     bool
+	usesExternalChain, usesFirewallChain bool
+	// reachable are the endpoints of the chains in use, each once, in key
+	// order.
+	reachable []keyedEndpoint
+}
+
+type keyedEndpoint struct {
+	key  string
+	addr netip.Addr
+}
+
+func setsOf(p *service.Port) portSets {
+	s := portSets{
+		external:     p.ExternalVerdict != service.NotService,
+		hasInternal:  p.Verdict == service.Forward && len(p.EndpointKeys) > 0,
+		clusterChain: ServiceChain(p.Name, p.Protocol),
+		localChain:   LocalServiceChain(p.Name, p.Protocol),
+	}
+	s.hasEndpoints = s.hasInternal || p.Verdict == service.NoLocalEndpoints
+	s.hasExternal = p.ExternalVerdict == service.Forward && len(p.ExternalEndpointKeys) > 0
+	s.internalChain, s.externalPolicyChain = s.clusterChain, s.clusterChain
+	if p.InternalTrafficPolicyLocal {
+		s.internalChain = s.localChain
+	}
+	if p.ExternalPolicyLocal {
+		s.externalPolicyChain = s.localChain
+	}
+
+	// The cluster set is used by Cluster internal policy and, for any
+	// externally accessible port, by the KUBE-EXT chain (directly, or for
+	// the short-circuit of local traffic); the local set by Local internal
+	// policy, and by Local external policy on such a port.
+	var clusterEps, localEps []service.Endpoint
+	switch {
+	case s.external:
+		clusterEps, s.clusterKeys = p.ClusterEndpoints, p.ClusterEndpointKeys
+	case !p.InternalTrafficPolicyLocal:
+		clusterEps, s.clusterKeys = p.Endpoints, p.EndpointKeys
+	}
+	switch {
+	case p.InternalTrafficPolicyLocal:
+		localEps, s.localKeys = p.Endpoints, p.EndpointKeys
+	case p.ExternalPolicyLocal && s.external:
+		localEps, s.localKeys = p.ExternalEndpoints, p.ExternalEndpointKeys
+	}
+	s.usesClusterChain = len(s.clusterKeys) > 0
+	s.usesLocalChain = len(s.localKeys) > 0
+	s.usesExternalChain = s.hasEndpoints && s.external
+	s.usesFirewallChain = s.hasEndpoints && len(p.LoadBalancerIPs) > 0 && len(p.SourceRanges) > 0
+
+	for i, k := range s.clusterKeys {
+		s.reachable = append(s.reachable, keyedEndpoint{k, clusterEps[i].Addr.Addr()})
+	}
+	for i, k := range s.localKeys {
+		if !slices.Contains(s.clusterKeys, k) {
+			s.reachable = append(s.reachable, keyedEndpoint{k, localEps[i].Addr.Addr()})
+		}
+	}
+	if len(s.clusterKeys) > 0 && len(s.localKeys) > 0 {
+		slices.SortFunc(s.reachable, func(a, b keyedEndpoint) int { return strings.Compare(a.key, b.key) })
+	}
+	return s
+}
+
+// writeServiceChain declares a KUBE-SVC or KUBE-SVL chain and writes its
+// rules (writeServiceToEndpointRules): the affinity checks, then the
+// statistic cascade over keys.
+func (b *portRules) writeServiceChain(nat *ruleTable, p *service.Port, chain string, keys []string) {
+	name := p.Name.String()
+	nat.declare(chain)
+	sepChains := make([]string, len(keys))
+	for i, key := range keys {
 		sepChains[i] = EndpointChain(p.Name, p.Protocol, key)
 	}
-	affinity := p.Affinity.ClientIP
-	seconds := strconv.Itoa(int(p.Affinity.Timeout.Seconds()))
-	if affinity {
-		for i, key := range p.EndpointKeys {
+	if p.Affinity.ClientIP {
+		seconds := strconv.Itoa(int(p.Affinity.Timeout.Seconds()))
+		for i, key := range keys {
 			c, cs := b.comment(`"` + name + " -> " + key + `"`)
 			sep := sepChains[i]
-			nat.add(svcChain,
+			nat.add(chain,
 				c+"-m recent --name "+sep+" --rcheck --seconds "+seconds+" --reap -j "+sep,
 				cs+"-m recent --rcheck --seconds "+seconds+" --reap --name "+sep+" --mask "+b.nw.recentMask+" --rsource -j "+sep)
 		}
 	}
-	n := len(p.EndpointKeys)
-	for i, key := range p.EndpointKeys {
+	n := len(keys)
+	for i, key := range keys {
 		c, cs := b.comment(`"` + name + " -> " + key + `"`)
 		stat, statSave := "", ""
 		if i < n-1 {
 			stat = "-m statistic --mode random --probability " + balancer.ProbabilityString(n-i) + " "
 			statSave = "-m statistic --mode random --probability " + savedProbability(n-i) + " "
 		}
-		nat.add(svcChain, c+stat+"-j "+sepChains[i], cs+statSave+"-j "+sepChains[i])
-	}
-
-	// 4. One chain per endpoint: masquerade hairpin traffic, remember the
-	// client for affinity, DNAT.
-	for i, key := range p.EndpointKeys {
-		sep := sepChains[i]
-		nat.declare(sep)
-		epIP := p.Endpoints[i].Addr.Addr().String()
-		c, cs := b.comment(name)
-		nat.add(sep,
-			c+"-s "+epIP+" -j "+chainMarkMasq,
-			"-s "+epIP+"/"+strconv.Itoa(b.nw.hostBits)+" "+cs+"-j "+chainMarkMasq)
-		recent, recentSave := "", ""
-		if affinity {
-			recent = "-m recent --name " + sep + " --set "
-			recentSave = "-m recent --set --name " + sep + " --mask " + b.nw.recentMask + " --rsource "
-		}
-		nat.add(sep,
-			c+recent+"-m "+proto+" -p "+proto+" -j DNAT --to-destination "+key,
-			"-p "+proto+" "+cs+recentSave+"-m "+proto+" -j DNAT --to-destination "+key)
+		nat.add(chain, c+stat+"-j "+sepChains[i], cs+statSave+"-j "+sepChains[i])
 	}
 }
 
-// refuse writes the filter-table rule for a ClusterIP without usable
-// endpoints.
-func (b *portRules) refuse(filter *ruleTable, p *service.Port, comment, target string) {
+// writeEndpointChain declares one KUBE-SEP chain and writes its two rules.
+func (b *portRules) writeEndpointChain(nat *ruleTable, p *service.Port, e keyedEndpoint) {
 	proto := protoName(p.Protocol)
-	ip := p.ClusterIP.String()
-	dport := strconv.Itoa(int(p.Port))
-	saveTarget := target
-	if target == "REJECT" {
-		saveTarget += " --reject-with " + b.nw.rejectWith
+	sep := EndpointChain(p.Name, p.Protocol, e.key)
+	nat.declare(sep)
+	epIP := e.addr.String()
+	c, cs := b.comment(p.Name.String())
+	nat.add(sep,
+		c+"-s "+epIP+" -j "+chainMarkMasq,
+		"-s "+epIP+"/"+strconv.Itoa(b.nw.hostBits)+" "+cs+"-j "+chainMarkMasq)
+	recent, recentSave := "", ""
+	if p.Affinity.ClientIP {
+		recent = "-m recent --name " + sep + " --set "
+		recentSave = "-m recent --set --name " + sep + " --mask " + b.nw.recentMask + " --rsource "
 	}
-	filter.add(chainServices,
-		fmt.Sprintf("-m comment --comment %s -m %s -p %s -d %s --dport %s -j %s", comment, proto, proto, ip, dport, target),
+	nat.add(sep,
+		c+recent+"-m "+proto+" -p "+proto+" -j DNAT --to-destination "+e.key,
+		"-p "+proto+" "+cs+recentSave+"-m "+proto+" -j DNAT --to-destination "+e.key)
+}
+
+// dstRule writes a rule of the shape kube-proxy uses for every capture of
+// a service address: comment, protocol, destination ip, destination port,
+// target. comment is as kube-proxy writes it (quoted when it has spaces).
+func (b *portRules) dstRule(rt *ruleTable, chain, comment, proto string, ip netip.Addr, port uint16, target string) {
+	dport := strconv.Itoa(int(port))
+	a := ip.String()
+	rt.add(chain,
+		fmt.Sprintf("-m comment --comment %s -m %s -p %s -d %s --dport %s -j %s", comment, proto, proto, a, dport, target),
 		fmt.Sprintf("-d %s/%d -p %s -m comment --comment %s -m %s --dport %s -j %s",
-			ip, b.nw.hostBits, proto, saveString(strings.Trim(comment, `"`)), proto, dport, saveTarget))
+			a, b.nw.hostBits, proto, saveString(strings.Trim(comment, `"`)), proto, dport, b.savedTarget(target)))
+}
+
+// savedTarget is a filter target as iptables-save prints it: REJECT with
+// its default --reject-with.
+func (b *portRules) savedTarget(target string) string {
+	if target == "REJECT" {
+		return target + " --reject-with " + b.nw.rejectWith
+	}
+	return target
 }
 
 // comment returns the comment match of a KUBE-SVC or KUBE-SEP rule in both

@@ -421,16 +421,7 @@ func TestWriteOptions(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			out := writeRules(t, tbl, tt.opts)
-			for _, s := range tt.present {
-				if !strings.Contains(out, s) {
-					t.Errorf("output lacks %q\n%s", s, out)
-				}
-			}
-			for _, s := range tt.absent {
-				if strings.Contains(out, s) {
-					t.Errorf("output has %q\n%s", s, out)
-				}
-			}
+			checkContains(t, out, tt.present, tt.absent)
 		})
 	}
 }
@@ -519,18 +510,44 @@ func TestWriteIptablesRoundTrip(t *testing.T) {
 		slice("ns2/local-a", "local", ipv4, "", tcp, 80, eps("10.180.0.3")...),
 		svc("ns3/none", "172.30.0.43,fd00::43", ports(sport("", udp, 53))),
 	)
+	// External destinations too (external_test.go): kube-proxy's
+	// TestOverallIPTablesRules services, an IPv6 LoadBalancer with Local
+	// policy, source ranges, a local endpoint and affinity, and one with
+	// no endpoints.
+	objs := append(overallObjects(),
+		svc("ns7/lb6", "fd00:30::47", ports(withNodePort(sport("p80", tcp, 80), 3007)), loadBalancer("2001:db8::7"), etpLocal,
+			externalIPs("2001:db8::77"), sourceRanges("2001:db8:1::/48"), healthCheckNodePort(30007), clientIP(60)),
+		slice("ns7/lb6-1", "lb6", ipv6, "p80", tcp, 80, ep("fd00:10::7", onNode("node-a")), ep("fd00:10::8", onNode("other"))),
+		svc("ns8/none", "172.30.0.48,fd00:30::48", ports(withNodePort(sport("", udp, 53), 3008)), loadBalancer("1.2.3.8", "2001:db8::8")),
+	)
+	extTbl := table(t, objs...)
 	cidrs := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00:10::/64")}
+	local := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("192.168.0.2"), netip.MustParseAddr("2001:db8::2")}
 	for _, fam := range []service.Family{service.IPv4, service.IPv6} {
-		for _, jumps := range []bool{false, true} {
-			opts := rules.Options{Family: fam, ClusterCIDRs: cidrs, JumpRules: jumps}
-			name := fmt.Sprintf("%s/jumps=%v", fam, jumps)
+		for _, v := range []struct {
+			name string
+			tbl  *service.Table
+			opts rules.Options
+		}{
+			{"jumps=false", tbl, rules.Options{}},
+			{"jumps=true", tbl, rules.Options{JumpRules: true}},
+			{"external", extTbl, rules.Options{JumpRules: true}},
+			{"external/nfacct", extTbl, rules.Options{NFAcct: true}},
+			{"external/nodeport-addresses", extTbl, rules.Options{JumpRules: true, LocalAddrs: local,
+				NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("2001:db8::/64")}}},
+			{"external/no-localhost-nodeports", extTbl, rules.Options{NoLocalhostNodePorts: true}},
+		} {
+			opts := v.opts
+			opts.Family, opts.ClusterCIDRs = fam, cidrs
+			tbl := v.tbl
+			name := fmt.Sprintf("%s/%s", fam, v.name)
 			t.Run(name, func(t *testing.T) {
 				save := writeRules(t, tbl, opts)
 				opts.Format = rules.FormatRestore
 				restore := writeRules(t, tbl, opts)
 				want := withoutComments(save)
 				for _, in := range []string{save, restore} {
-					if got := iptablesRoundTrip(t, fam, in); got != want {
+					if got := iptablesRoundTrip(t, fam, in, opts.NFAcct); got != want {
 						t.Errorf("iptables-save after restoring\n%s\ngave (-want +got):\n%s", in, cmp.Diff(want, got))
 					}
 				}
@@ -551,13 +568,18 @@ func withoutComments(s string) string {
 
 // iptablesRoundTrip restores in into a new network namespace and returns
 // what iptables-save prints there, without its comment lines.
-func iptablesRoundTrip(t *testing.T, fam service.Family, in string) string {
+// With nfacct, it first creates kube-proxy's nfacct counters there.
+func iptablesRoundTrip(t *testing.T, fam service.Family, in string, nfacct bool) string {
 	t.Helper()
 	tool := "iptables"
 	if fam == service.IPv6 {
 		tool = "ip6tables"
 	}
-	cmd := exec.Command("unshare", "--net", "sh", "-c", tool+"-restore && "+tool+"-save")
+	setup := ""
+	if nfacct {
+		setup = nfacctSetup(t)
+	}
+	cmd := exec.Command("unshare", "--net", "sh", "-c", setup+tool+"-restore && "+tool+"-save")
 	cmd.Stdin = strings.NewReader(in)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

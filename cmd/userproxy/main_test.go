@@ -70,6 +70,8 @@ func TestBadArgumentsAreRefused(t *testing.T) {
 		{"conntrack"},
 		{"conntrack", "purge"},
 		{"rules", "--format", "xml", "--config", "a.yaml"},
+		{"rules", "--nodeport-addresses", "primary", "--config", "a.yaml"},
+		{"rules", "--nodeport-addresses", "10.0.0.0/8,nonsense", "--config", "a.yaml"},
 		{"ipvs", "extra"},
 		{"ipvs", "--stats=maybe"},
 	} {
@@ -105,5 +107,24 @@ func TestRulesOffline(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("rules output lacks %q", want)
 		}
+	}
+}
+
+// rules --nodeport-addresses with loopback: one KUBE-SERVICES jump per
+// local address the CIDR holds (127.0.0.1 on any host), and the
+// localhost NodePort rule with --nfacct.
+func TestRulesNodePortAddresses(t *testing.T) {
+	var out, errOut bytes.Buffer
+	args := []string{"rules", "--config", "../../examples/quickstart.yaml", "--node-name", "n", "--nodeport-addresses", "127.0.0.0/8", "--nfacct"}
+	if err := runMain(context.Background(), args, &out, &errOut); err != nil {
+		t.Fatalf("rules: %v\n%s", err, errOut.String())
+	}
+	for _, want := range []string{"-A KUBE-SERVICES -d 127.0.0.1/32 -m comment", "-A KUBE-FIREWALL ", "--nfacct-name  ct_state_invalid_dropped_pkts"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("rules output lacks %q\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "--dst-type LOCAL -j KUBE-NODEPORTS") {
+		t.Errorf("rules output has the match-all nodeports rule\n%s", out.String())
 	}
 }

@@ -6,7 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -29,6 +32,10 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	jump := fs.Bool("jump-rules", false, "also print the hooks from PREROUTING/OUTPUT/FORWARD (for iptables-restore into a namespace)")
 	var cidrs prefixList
 	fs.Var(&cidrs, "cluster-cidr", "pod CIDR for kube-proxy's masquerade rule (repeatable)")
+	var npAddrs nodePortAddrs
+	fs.Var(&npAddrs, "nodeport-addresses", "with --config, kube-proxy's --nodeport-addresses: comma-separated CIDRs whose addresses on this host NodePorts answer on (default: all local addresses; \"primary\" is refused)")
+	noLocalhostNP := fs.Bool("no-localhost-nodeports", false, "with --config, as kube-proxy's --iptables-localhost-nodeports=false: no NodePorts on 127.0.0.0/8")
+	nfacct := fs.Bool("nfacct", false, "with --config, as when kube-proxy's nfacct counters exist on the node: print its nfacct matches")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -53,7 +60,63 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	return rules.Write(stdout, t, rules.Options{Format: f, ClusterCIDRs: cidrs.values, JumpRules: *jump})
+	opts := rules.Options{Format: f, ClusterCIDRs: cidrs.values, JumpRules: *jump,
+		NodePortAddresses: npAddrs.values, NoLocalhostNodePorts: *noLocalhostNP, NFAcct: *nfacct}
+	if len(npAddrs.values) > 0 {
+		// kube-proxy matches the CIDRs against the node's own addresses.
+		if opts.LocalAddrs, err = interfaceAddrs(); err != nil {
+			return fmt.Errorf("--nodeport-addresses: %w", err)
+		}
+	}
+	return rules.Write(stdout, t, opts)
+}
+
+// nodePortAddrs is --nodeport-addresses in kube-proxy's syntax: CIDRs,
+// comma-separated, the flag repeatable; host bits are dropped, as
+// kube-proxy's sloppy parsing does. kube-proxy's "primary" (the node's
+// primary IPs) is refused: this command does not know them.
+type nodePortAddrs struct{ values []netip.Prefix }
+
+func (n *nodePortAddrs) String() string { return (&prefixList{values: n.values}).String() }
+
+func (n *nodePortAddrs) Set(v string) error {
+	for _, part := range strings.Split(v, ",") {
+		part = strings.TrimSpace(part)
+		if part == "primary" {
+			return errors.New(`"primary" is not supported here: give the node's CIDRs`)
+		}
+		pf, err := netip.ParsePrefix(part)
+		if err != nil {
+			return fmt.Errorf("not a CIDR: %w", err)
+		}
+		n.values = append(n.values, pf.Masked())
+	}
+	return nil
+}
+
+// interfaceAddrs lists this host's interface addresses, as kube-proxy's
+// NodePortAddresses.GetNodeIPs reads them (net.InterfaceAddrs).
+func interfaceAddrs() ([]netip.Addr, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		var ip net.IP
+		switch v := a.(type) {
+		case *net.IPNet:
+			ip = v.IP
+		case *net.IPAddr:
+			ip = v.IP
+		default:
+			continue
+		}
+		if addr, ok := netip.AddrFromSlice(ip); ok {
+			out = append(out, addr.Unmap())
+		}
+	}
+	return out, nil
 }
 
 // loadTable builds the service table of a file or directory, once.

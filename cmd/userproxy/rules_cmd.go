@@ -32,7 +32,7 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	jump := fs.Bool("jump-rules", false, "also print the hooks from PREROUTING/OUTPUT/FORWARD (for iptables-restore into a namespace)")
 	var cidrs prefixList
 	fs.Var(&cidrs, "cluster-cidr", "pod CIDR for kube-proxy's masquerade rule (repeatable)")
-	var npAddrs nodePortAddrs
+	var npAddrs nodePortCIDRs
 	fs.Var(&npAddrs, "nodeport-addresses", "with --config, kube-proxy's --nodeport-addresses: comma-separated CIDRs whose addresses on this host NodePorts answer on (default: all local addresses; \"primary\" is refused)")
 	noLocalhostNP := fs.Bool("no-localhost-nodeports", false, "with --config, as kube-proxy's --iptables-localhost-nodeports=false: no NodePorts on 127.0.0.0/8")
 	nfacct := fs.Bool("nfacct", false, "with --config, as when kube-proxy's nfacct counters exist on the node: print its nfacct matches")
@@ -71,15 +71,15 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return rules.Write(stdout, t, opts)
 }
 
-// nodePortAddrs is --nodeport-addresses in kube-proxy's syntax: CIDRs,
+// nodePortCIDRs is --nodeport-addresses in kube-proxy's syntax: CIDRs,
 // comma-separated, the flag repeatable; host bits are dropped, as
 // kube-proxy's sloppy parsing does. kube-proxy's "primary" (the node's
 // primary IPs) is refused: this command does not know them.
-type nodePortAddrs struct{ values []netip.Prefix }
+type nodePortCIDRs struct{ values []netip.Prefix }
 
-func (n *nodePortAddrs) String() string { return (&prefixList{values: n.values}).String() }
+func (n *nodePortCIDRs) String() string { return (&prefixList{values: n.values}).String() }
 
-func (n *nodePortAddrs) Set(v string) error {
+func (n *nodePortCIDRs) Set(v string) error {
 	for _, part := range strings.Split(v, ",") {
 		part = strings.TrimSpace(part)
 		if part == "primary" {

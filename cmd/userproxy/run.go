@@ -37,6 +37,7 @@ import (
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 	"github.com/userproxy/userproxy/source/file"
 	"github.com/userproxy/userproxy/source/kube"
@@ -139,6 +140,16 @@ func (f *runFlags) validate() error {
 	}
 	f.sched = sched
 	return f.dns.validate(f.serviceCIDRs.values)
+}
+
+// rulesOptions are /debug/rules' options for what run serves: the cluster
+// CIDRs, and NodePorts on exactly the addresses run listens on.
+func rulesOptions(f *runFlags, npAddrs []netip.Addr) rules.Options {
+	o := rules.Options{ClusterCIDRs: f.clusterCIDRs.values, LocalAddrs: npAddrs}
+	for _, a := range npAddrs {
+		o.NodePortAddresses = append(o.NodePortAddresses, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return o
 }
 
 // checkScheduler refuses a scheduler name or flags balancer does not know
@@ -304,6 +315,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	// 6. The admin server.
 	if f.adminAddr != "" {
 		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts,
+			rules: rulesOptions(f, npAddrs),
 			notes: func() []string { return append(ext.notes(), nodePorts.Failed()...) }}, logger.Named("admin"))
 		if err != nil {
 			return err

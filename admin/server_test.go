@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/userproxy/userproxy/admin"
@@ -277,6 +278,17 @@ func TestDebugServices(t *testing.T) {
 		svc("ns3/local", "172.30.0.43", ports(sport("", tcp, 80)), itpLocal),
 		slice("ns3/local-a", "local", ipv4, "", tcp, 80, eps("10.180.0.3")...),
 		svc("ns4/headless", "None", ports(sport("", tcp, 80))),
+		svc("ns5/lb", "172.30.0.44", ports(sport("http", tcp, 80)), func(s *v1.Service) {
+			s.Spec.Type = v1.ServiceTypeLoadBalancer
+			s.Spec.Ports[0].NodePort = 30080
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			s.Spec.HealthCheckNodePort = 32000
+			s.Spec.ExternalIPs = []string{"203.0.113.5"}
+			s.Spec.LoadBalancerSourceRanges = []string{"192.0.2.0/24"}
+			s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "198.51.100.5"}}
+			s.Annotations = map[string]string{service.AnnotationScheduler: "rr", service.AnnotationProxyProtocol: "v2"}
+		}),
+		slice("ns5/lb-a", "lb", ipv4, "http", tcp, 8080, ep("10.180.0.5", onNode("node-a")), ep("10.180.0.6", onNode("other"))),
 	)
 	h := admin.New(admin.Config{Table: func() *service.Table { return tbl }}).Handler()
 	code, body := get(t, h, "GET", "/debug/services")
@@ -290,13 +302,17 @@ func TestDebugServices(t *testing.T) {
 ns1/svc1:p80 TCP [fd00::41]:80 IPv6 no endpoints: REJECT, affinity ClientIP 3h0m0s
 ns2/empty UDP 172.30.0.42:53 IPv4 no endpoints: REJECT
 ns3/local TCP 172.30.0.43:80 IPv4 no local endpoints: DROP, internalTrafficPolicy Local
+ns5/lb:http TCP 172.30.0.44:80 IPv4 forward to 2 endpoints, scheduler rr, proxy-protocol v2
+  external: nodePort 30080, externalIP 203.0.113.5:80, loadBalancerIP 198.51.100.5:80; forward to 1 endpoints, externalTrafficPolicy Local, healthCheckNodePort 32000, loadBalancerSourceRanges 192.0.2.0/24
+    10.180.0.5:8080 ready serving local node=node-a
+    10.180.0.6:8080 ready serving node=other
 # skipped
 ns4/headless: headless service (clusterIP: None)
 `
 	if diff := cmp.Diff(want, rest); diff != "" {
 		t.Errorf("/debug/services (-want +got):\n%s", diff)
 	}
-	if !strings.HasPrefix(body, "# service table 1, built ") || !strings.Contains(body, ": 3 services, 4 ports, 1 skipped\n") {
+	if !strings.HasPrefix(body, "# service table 1, built ") || !strings.Contains(body, ": 4 services, 5 ports, 1 skipped\n") {
 		t.Errorf("header: %q", body[:strings.Index(body, "\n")])
 	}
 

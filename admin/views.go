@@ -220,7 +220,14 @@ func writeServices(b *bytes.Buffer, t *service.Table) {
 		if p.Topology != "" {
 			b.WriteString(", topology " + p.Topology)
 		}
+		if p.Scheduler != (service.Scheduler{}) {
+			b.WriteString(", scheduler " + strings.TrimSpace(p.Scheduler.Name+" "+p.Scheduler.Flags))
+		}
+		if p.ProxyProtocol != "" {
+			b.WriteString(", proxy-protocol " + p.ProxyProtocol)
+		}
 		b.WriteByte('\n')
+		writeExternal(b, p)
 		for i := range p.Endpoints {
 			e := &p.Endpoints[i]
 			b.WriteString("    " + p.EndpointKeys[i])
@@ -257,6 +264,47 @@ func writeServices(b *bytes.Buffer, t *service.Table) {
 			b.WriteString(": " + sk.Reason + "\n")
 		}
 	}
+}
+
+// writeExternal lists a port's external destinations, if any, with the
+// external set's verdict: one line "  external ..." per kind.
+func writeExternal(b *bytes.Buffer, p *service.Port) {
+	if p.ExternalVerdict == service.NotService {
+		return
+	}
+	var dsts []string
+	if p.NodePort != 0 {
+		dsts = append(dsts, fmt.Sprintf("nodePort %d", p.NodePort))
+	}
+	for _, a := range p.ExternalIPs {
+		dsts = append(dsts, "externalIP "+netip.AddrPortFrom(a, p.Port).String())
+	}
+	for _, a := range p.LoadBalancerIPs {
+		dsts = append(dsts, "loadBalancerIP "+netip.AddrPortFrom(a, p.Port).String())
+	}
+	b.WriteString("  external: " + strings.Join(dsts, ", "))
+	switch p.ExternalVerdict {
+	case service.Forward:
+		fmt.Fprintf(b, "; forward to %d endpoints", len(p.ExternalEndpoints))
+	case service.NoLocalEndpoints:
+		b.WriteString("; no local endpoints: DROP")
+	default:
+		b.WriteString("; no endpoints: REJECT")
+	}
+	if p.ExternalPolicyLocal {
+		b.WriteString(", externalTrafficPolicy Local")
+	}
+	if p.HealthCheckNodePort != 0 {
+		fmt.Fprintf(b, ", healthCheckNodePort %d", p.HealthCheckNodePort)
+	}
+	if len(p.SourceRanges) > 0 {
+		r := make([]string, len(p.SourceRanges))
+		for i, s := range p.SourceRanges {
+			r[i] = s.String()
+		}
+		b.WriteString(", loadBalancerSourceRanges " + strings.Join(r, ","))
+	}
+	b.WriteByte('\n')
 }
 
 func (s *Server) dns(w http.ResponseWriter, _ *http.Request) {

@@ -7,6 +7,7 @@ require (
 	github.com/go-logr/logr v1.4.3
 	github.com/google/go-cmp v0.7.0
 	github.com/miekg/dns v1.1.73
+	github.com/pires/go-proxyproto v0.8.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/songgao/water v0.0.0-20200317203138-2b4b6d7c09d8
 	github.com/vishvananda/netlink v1.3.1

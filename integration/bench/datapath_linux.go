@@ -35,6 +35,8 @@ func (h *harness) paths() []path {
 		{name: "veth, no NAT (direct)", ns: h.topo.k, tcp: endpointAddr(0) + ":8080", udp: endpointAddr(0) + ":5353", iperf: endpointAddr(0) + ":5201"},
 		{name: "kernel iptables (kube-proxy rules)", ns: h.topo.k, tcp: tcpService, udp: udpService, iperf: iperfService},
 		{name: "userproxy (TUN)", ns: h.topo.u, tcp: tcpService, udp: udpService, iperf: iperfService, proxied: true},
+		{name: "userproxy (NodePort on 127.0.0.1)", ns: h.topo.u, tcp: fmt.Sprintf("127.0.0.1:%d", nodePortTCP),
+			udp: fmt.Sprintf("127.0.0.1:%d", nodePortUDP), iperf: fmt.Sprintf("127.0.0.1:%d", nodePortIperf), proxied: true},
 	}
 }
 
@@ -171,7 +173,7 @@ func (h *harness) datapath() error {
 		if !p.proxied {
 			continue
 		}
-		fmt.Fprintf(h.o.out, "| userproxy CPU per cell (per operation) / peak RSS |")
+		fmt.Fprintf(h.o.out, "| %s: CPU per cell (per operation) / peak RSS |", p.name)
 		for c, cl := range cells {
 			ss := samples[c][pi]
 			cpu, per := make([]float64, len(ss)), make([]float64, len(ss))

@@ -68,10 +68,9 @@ func compareSplits(kernel, ours []int) (splitVerdict, error) {
 	return v, nil
 }
 
-// split makes conns connections from the main client address to addr,
-// splitWorkers at a time, and counts them per endpoint (endpoint i is
-// diffBackend(i)).
-func (p *diffPath) split(addr string, n, conns int) ([]int, error) {
+// split makes conns connections from src to addr, splitWorkers at a time,
+// and counts them per endpoint (endpoint i is diffBackend(i)).
+func (p *diffPath) split(src netip.Addr, addr string, n, conns int) ([]int, error) {
 	index := map[netip.Addr]int{}
 	for i := range n {
 		index[diffBackend(i)] = i
@@ -88,7 +87,7 @@ func (p *diffPath) split(addr string, n, conns int) ([]int, error) {
 		go func() { // split client: one connection per token
 			defer wg.Done()
 			for range next {
-				ep, err := p.fetch(diffClient, addr)
+				ep, err := p.fetch(src, addr)
 				mu.Lock()
 				if i, ok := index[ep]; err == nil && ok {
 					counts[i]++
@@ -136,7 +135,7 @@ func TestDifferentialSplit(t *testing.T) {
 		var counts [2][]int
 		for i, p := range tp.paths() {
 			start := time.Now()
-			c, err := p.split(addr, n, splitConns)
+			c, err := p.split(diffClient, addr, n, splitConns)
 			if err != nil {
 				t.Fatalf("n=%d %s: %v (counts so far %v)", n, p.name, err, c)
 			}

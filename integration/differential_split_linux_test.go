@@ -45,6 +45,12 @@ func (v splitVerdict) ok() bool { return len(v.failures) == 0 }
 // uniform split (p > splitAlpha), and a two-sample chi-square test does not
 // tell the two paths apart (p > splitAlpha).
 func compareSplits(kernel, ours []int) (splitVerdict, error) {
+	return compareSplitsAt(kernel, ours, splitAlpha)
+}
+
+// compareSplitsAt is compareSplits at significance level alpha, for a
+// test that makes many such comparisons.
+func compareSplitsAt(kernel, ours []int, alpha float64) (splitVerdict, error) {
 	var v splitVerdict
 	var err error
 	if v.kernel, err = stats.GoodnessOfFit(kernel, stats.Uniform(len(kernel))); err != nil {
@@ -56,13 +62,13 @@ func compareSplits(kernel, ours []int) (splitVerdict, error) {
 	if v.between, err = stats.TwoSample(kernel, ours); err != nil {
 		return v, fmt.Errorf("two-sample test of %v and %v: %w", kernel, ours, err)
 	}
-	if v.kernel.P <= splitAlpha {
+	if v.kernel.P <= alpha {
 		v.failures = append(v.failures, fmt.Sprintf("the kernel's split is not uniform (%v)", v.kernel))
 	}
-	if v.ours.P <= splitAlpha {
+	if v.ours.P <= alpha {
 		v.failures = append(v.failures, fmt.Sprintf("userproxy's split is not uniform (%v)", v.ours))
 	}
-	if v.between.P <= splitAlpha {
+	if v.between.P <= alpha {
 		v.failures = append(v.failures, fmt.Sprintf("the two splits differ (two-sample %v)", v.between))
 	}
 	return v, nil

@@ -94,8 +94,8 @@ func vipAddr(a netip.Addr) string { return netip.AddrPortFrom(a, 80).String() }
 // end: how the client saw the connection end — "answered by ENDPOINT",
 // ECONNREFUSED (an ICMP port unreachable), timeout (the SYN dropped), or
 // ECONNRESET: a RST after the handshake, which the client's connect reports
-// when the RST beats the dialer's check of the socket, and the first read
-// otherwise (both were seen).
+// when the RST beats the dialer's check of the socket (as in every run so
+// far), and the first read otherwise.
 func (p *diffPath) attempt(src netip.Addr, addr string) string {
 	c, err := p.dial(src, addr, extDropWait)
 	if errors.Is(err, syscall.ECONNRESET) {

@@ -45,6 +45,12 @@ func (v splitVerdict) ok() bool { return len(v.failures) == 0 }
 // uniform split (p > splitAlpha), and a two-sample chi-square test does not
 // tell the two paths apart (p > splitAlpha).
 func compareSplits(kernel, ours []int) (splitVerdict, error) {
+	return compareSplitsAt(kernel, ours, splitAlpha)
+}
+
+// compareSplitsAt is compareSplits at significance level alpha, for a
+// test that makes many such comparisons.
+func compareSplitsAt(kernel, ours []int, alpha float64) (splitVerdict, error) {
 	var v splitVerdict
 	var err error
 	if v.kernel, err = stats.GoodnessOfFit(kernel, stats.Uniform(len(kernel))); err != nil {
@@ -56,22 +62,21 @@ func compareSplits(kernel, ours []int) (splitVerdict, error) {
 	if v.between, err = stats.TwoSample(kernel, ours); err != nil {
 		return v, fmt.Errorf("two-sample test of %v and %v: %w", kernel, ours, err)
 	}
-	if v.kernel.P <= splitAlpha {
+	if v.kernel.P <= alpha {
 		v.failures = append(v.failures, fmt.Sprintf("the kernel's split is not uniform (%v)", v.kernel))
 	}
-	if v.ours.P <= splitAlpha {
+	if v.ours.P <= alpha {
 		v.failures = append(v.failures, fmt.Sprintf("userproxy's split is not uniform (%v)", v.ours))
 	}
-	if v.between.P <= splitAlpha {
+	if v.between.P <= alpha {
 		v.failures = append(v.failures, fmt.Sprintf("the two splits differ (two-sample %v)", v.between))
 	}
 	return v, nil
 }
 
-// split makes conns connections from the main client address to addr,
-// splitWorkers at a time, and counts them per endpoint (endpoint i is
-// diffBackend(i)).
-func (p *diffPath) split(addr string, n, conns int) ([]int, error) {
+// split makes conns connections from src to addr, splitWorkers at a time,
+// and counts them per endpoint (endpoint i is diffBackend(i)).
+func (p *diffPath) split(src netip.Addr, addr string, n, conns int) ([]int, error) {
 	index := map[netip.Addr]int{}
 	for i := range n {
 		index[diffBackend(i)] = i
@@ -88,7 +93,7 @@ func (p *diffPath) split(addr string, n, conns int) ([]int, error) {
 		go func() { // split client: one connection per token
 			defer wg.Done()
 			for range next {
-				ep, err := p.fetch(diffClient, addr)
+				ep, err := p.fetch(src, addr)
 				mu.Lock()
 				if i, ok := index[ep]; err == nil && ok {
 					counts[i]++
@@ -136,7 +141,7 @@ func TestDifferentialSplit(t *testing.T) {
 		var counts [2][]int
 		for i, p := range tp.paths() {
 			start := time.Now()
-			c, err := p.split(addr, n, splitConns)
+			c, err := p.split(diffClient, addr, n, splitConns)
 			if err != nil {
 				t.Fatalf("n=%d %s: %v (counts so far %v)", n, p.name, err, c)
 			}

@@ -28,6 +28,28 @@ package integration
 //
 // Nothing routes out of any namespace: every route points at a veth peer the
 // test created, and everything is deleted when the test ends.
+//
+// With external clients (newDiffTopoWith, diffOptions.external; issue 16),
+// K and U are also nodes: each gets a second veth to a client namespace of
+// its own, with the same addresses on both paths, so that NodePorts,
+// externalIPs and LB IPs are reached from outside the node:
+//
+//	external client ns (XK)                     K (the kernel's node)
+//	 xk0 198.51.100.130/26 + .131/32 ══ veth ══ kx0 198.51.100.129/26 (the node IP), ip_forward=1
+//	 198.51.100.192/26 via .129                  `userproxy rules --nodeport-addresses 198.51.100.129/32`
+//	external client ns (XU)                     U (our node)
+//	 xu0 198.51.100.130/26 + .131/32 ══ veth ══ ux0 198.51.100.129/26, ip_forward=1 (into the TUN)
+//	 198.51.100.192/26 via .129                  `userproxy run --nodeport-addresses 198.51.100.129/32`
+//	                                            B: 198.51.100.128/26 via 192.0.2.1 (K)
+//
+// 5. The external IPs and LB IPs of the config are in 198.51.100.192/26: the
+//    clients route them to their node. K DNATs them (and its NodePorts) in
+//    PREROUTING and forwards to B, masquerading as KUBE-POSTROUTING says;
+//    U routes them into the TUN (run adds a /32 each) and serves the
+//    NodePorts on host sockets on 198.51.100.129.
+// 6. Under externalTrafficPolicy Local the kernel keeps the client's address
+//    (no masquerade), so B routes the external clients' network back
+//    through K; userproxy dials from 203.0.113.1 whatever the policy.
 
 import (
 	"errors"
@@ -69,6 +91,13 @@ var (
 	diffOursAddr = netip.MustParseAddr("203.0.113.1") // U's own address: userproxy dials from it
 	diffOursGW   = netip.MustParseAddr("203.0.113.254")
 	diffEPNet    = netip.MustParsePrefix("198.51.100.0/24")
+
+	// The external clients' side (diffOptions.external).
+	diffNodeIP    = netip.MustParseAddr("198.51.100.129")      // K's and U's address toward their external client
+	diffExtClient = netip.MustParseAddr("198.51.100.130")      // the external client on both paths
+	diffExtOther  = netip.MustParseAddr("198.51.100.131")      // a second external client address
+	diffExtNet    = netip.MustParsePrefix("198.51.100.128/26") // the link between a node and its external client
+	diffExtVIPs   = netip.MustParsePrefix("198.51.100.192/26") // externalIPs and LB IPs, routed by the clients to the node
 )
 
 // diffBackend returns the i-th endpoint address (0-based): 198.51.100.(i+1).
@@ -90,6 +119,15 @@ type diffService struct {
 	endpoints []netip.Addr // nil: a slice without endpoints
 	affinity  int          // sessionAffinity ClientIP with this timeoutSeconds; 0: none
 	local     bool         // internalTrafficPolicy Local, endpoints on another node
+
+	// External destinations (issue 16). A nodePort makes the Service type
+	// NodePort, LB IPs make it LoadBalancer.
+	nodePort    int            // spec.ports[0].nodePort; 0: none
+	externalIPs []netip.Addr   // spec.externalIPs
+	lbIPs       []netip.Addr   // status.loadBalancer.ingress
+	ranges      []netip.Prefix // spec.loadBalancerSourceRanges
+	extLocal    bool           // externalTrafficPolicy Local
+	otherNode   []netip.Addr   // more endpoints, on diffOtherNode
 }
 
 func (s diffService) port() int {
@@ -109,7 +147,12 @@ func diffConfig(svcs []diffService) string {
 		}
 		fmt.Fprintf(&b, "---\napiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: default}\nspec:\n", s.name)
 		fmt.Fprintf(&b, "  clusterIP: %s\n  clusterIPs: [%s]\n", s.clusterIP, s.clusterIP)
-		fmt.Fprintf(&b, "  ports: [{name: p, protocol: %s, port: %d, targetPort: %d}]\n", proto, s.port(), target)
+		nodePort := ""
+		if s.nodePort != 0 {
+			nodePort = fmt.Sprintf(", nodePort: %d", s.nodePort)
+		}
+		fmt.Fprintf(&b, "  ports: [{name: p, protocol: %s, port: %d, targetPort: %d%s}]\n", proto, s.port(), target, nodePort)
+		s.writeExternal(&b)
 		if s.affinity > 0 {
 			fmt.Fprintf(&b, "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: %d}}\n", s.affinity)
 		}
@@ -118,9 +161,13 @@ func diffConfig(svcs []diffService) string {
 			b.WriteString("  internalTrafficPolicy: Local\n")
 			node = diffOtherNode
 		}
-		eps := make([]string, len(s.endpoints))
-		for i, a := range s.endpoints {
-			eps[i] = fmt.Sprintf("{addresses: [%s], nodeName: %s}", a, node)
+		s.writeStatus(&b)
+		var eps []string
+		for _, a := range s.endpoints {
+			eps = append(eps, fmt.Sprintf("{addresses: [%s], nodeName: %s}", a, node))
+		}
+		for _, a := range s.otherNode {
+			eps = append(eps, fmt.Sprintf("{addresses: [%s], nodeName: %s}", a, diffOtherNode))
 		}
 		fmt.Fprintf(&b, "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n")
 		fmt.Fprintf(&b, "metadata: {name: %s-1, namespace: default, labels: {kubernetes.io/service-name: %s}}\n", s.name, s.name)
@@ -128,6 +175,46 @@ func diffConfig(svcs []diffService) string {
 			strings.Join(eps, ", "), proto, target)
 	}
 	return b.String()
+}
+
+// writeExternal writes the Service's type and external fields into its
+// spec (nothing for a plain ClusterIP service).
+func (s diffService) writeExternal(b *strings.Builder) {
+	list := func(key string, vals []string) {
+		if len(vals) > 0 {
+			fmt.Fprintf(b, "  %s: [%s]\n", key, strings.Join(vals, ", "))
+		}
+	}
+	switch {
+	case len(s.lbIPs) > 0:
+		b.WriteString("  type: LoadBalancer\n")
+	case s.nodePort != 0:
+		b.WriteString("  type: NodePort\n")
+	}
+	var ips, ranges []string
+	for _, a := range s.externalIPs {
+		ips = append(ips, a.String())
+	}
+	for _, r := range s.ranges {
+		ranges = append(ranges, r.String())
+	}
+	list("externalIPs", ips)
+	list("loadBalancerSourceRanges", ranges)
+	if s.extLocal {
+		b.WriteString("  externalTrafficPolicy: Local\n")
+	}
+}
+
+// writeStatus writes the Service's status: its LB IPs (nothing without).
+func (s diffService) writeStatus(b *strings.Builder) {
+	if len(s.lbIPs) == 0 {
+		return
+	}
+	ing := make([]string, len(s.lbIPs))
+	for i, a := range s.lbIPs {
+		ing[i] = "{ip: " + a.String() + "}"
+	}
+	fmt.Fprintf(b, "status:\n  loadBalancer:\n    ingress: [%s]\n", strings.Join(ing, ", "))
 }
 
 // diffTopo is the whole topology of one test.
@@ -139,6 +226,16 @@ type diffTopo struct {
 	kernel  *diffPath
 	ours    *diffPath
 	listTot int // xt_recent's ip_list_tot, also userproxy's --affinity-list-size
+
+	// With diffOptions.external: the external client of each path (XK, XU).
+	extKernel, extOurs *diffPath
+}
+
+// diffOptions are the optional parts of the topology.
+type diffOptions struct {
+	// external adds a client namespace behind each path's node and serves
+	// NodePorts on the node IP on both paths (the diagram's second part).
+	external bool
 }
 
 // diffPath is one client namespace: the kernel's or ours.
@@ -155,6 +252,12 @@ type diffPath struct {
 // for svcs and starts userproxy on the same config; everything is removed
 // when the test ends.
 func newDiffTopo(t *testing.T, svcs []diffService) *diffTopo {
+	t.Helper()
+	return newDiffTopoWith(t, svcs, diffOptions{})
+}
+
+// newDiffTopoWith is newDiffTopo with the optional parts of opts.
+func newDiffTopoWith(t *testing.T, svcs []diffService, opts diffOptions) *diffTopo {
 	t.Helper()
 	requireRoot(t)
 	for _, tool := range []string{"ip", "iptables-restore", "iptables-save", "iptables"} {
@@ -212,6 +315,10 @@ func newDiffTopo(t *testing.T, svcs []diffService) *diffTopo {
 		}
 	}
 
+	if opts.external {
+		tp.addExternalClients(bNS)
+	}
+
 	tp.back = &nsClient{ns: bNS, work: make(chan func())}
 	startWorkers(t, tp.back)
 	tp.kernel.c = &nsClient{ns: kNS, work: make(chan func())}
@@ -226,10 +333,14 @@ func newDiffTopo(t *testing.T, svcs []diffService) *diffTopo {
 	tp.listTot = xtRecentListTot(t)
 
 	tp.ours.admin = &binNS{t: t, ns: uNS, name: uName, c: tp.ours.c}
-	tp.ours.proc = startProc(t, "ip", "netns", "exec", uName, tp.bin, "run", "--config", tp.cfg,
+	args := []string{"ip", "netns", "exec", uName, tp.bin, "run", "--config", tp.cfg,
 		"--tun-name", diffTUN, "--min-sync-period", "0", "--admin-addr", "127.0.0.1:10249", "--mtu", "65520",
 		"--node-name", diffNode, "--affinity-list-size", strconv.Itoa(tp.listTot),
-		"--log-format", "json", "--log-level", "info")
+		"--log-format", "json", "--log-level", "info"}
+	if tp.extOurs != nil {
+		args = append(args, "--nodeport-addresses", netip.PrefixFrom(diffNodeIP, 32).String())
+	}
+	tp.ours.proc = startProc(t, args...)
 	t.Cleanup(func() {
 		if tp.ours.proc.cmd.ProcessState == nil {
 			if err := tp.ours.proc.stop(t); err != nil {
@@ -300,6 +411,44 @@ func (v vethSpec) create(ns, back netns.NsHandle) error {
 	})
 }
 
+// addExternalClients builds the external client namespace of each path
+// (the diagram's second part): its veth to the node, the node's forwarding,
+// and B's route back through K for the kernel's unmasqueraded flows.
+func (tp *diffTopo) addExternalClients(bNS netns.NsHandle) {
+	t := tp.t
+	t.Helper()
+	for _, s := range []struct {
+		node        *diffPath
+		ext         **diffPath
+		local, peer string
+	}{{tp.kernel, &tp.extKernel, "xk0", "kx0"}, {tp.ours, &tp.extOurs, "xu0", "ux0"}} {
+		xNS, xName := newNetNS(t)
+		spec := vethSpec{
+			local: s.local, peer: s.peer,
+			localAddr: netip.PrefixFrom(diffExtClient, diffExtNet.Bits()),
+			peerAddr:  netip.PrefixFrom(diffNodeIP, diffExtNet.Bits()),
+			extra:     []netip.Prefix{netip.PrefixFrom(diffExtOther, 32)},
+			routes:    []netip.Prefix{diffExtVIPs},
+		}
+		if err := spec.create(xNS, s.node.ns); err != nil {
+			t.Fatalf("veth %s/%s between %s and %s: %v", spec.local, spec.peer, xName, s.node.nsName, err)
+		}
+		nsSysctl(t, s.node.nsName, "net.ipv4.ip_forward", "1")
+		x := &diffPath{name: s.node.name, ns: xNS, nsName: xName, c: &nsClient{ns: xNS, work: make(chan func())}}
+		startWorkers(t, x.c)
+		*s.ext = x
+	}
+	if err := inNS(bNS, func() error {
+		kb0, err := netlink.LinkByName("kb0")
+		if err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: kb0.Attrs().Index, Dst: prefixNet(diffExtNet), Gw: diffClient.AsSlice()})
+	}); err != nil {
+		t.Fatalf("route to the external clients through K: %v", err)
+	}
+}
+
 func linkUp(name string) (netlink.Link, error) {
 	l, err := netlink.LinkByName(name)
 	if err != nil {
@@ -363,7 +512,14 @@ func (tp *diffTopo) startBackends() {
 func (tp *diffTopo) loadKernelRules() {
 	t := tp.t
 	t.Helper()
-	rules, err := exec.Command(tp.bin, "rules", "--config", tp.cfg, "--format", "restore", "--jump-rules", "--node-name", diffNode).Output()
+	args := []string{tp.bin, "rules", "--config", tp.cfg, "--format", "restore", "--jump-rules", "--node-name", diffNode}
+	if tp.extKernel != nil {
+		// kube-proxy matches --nodeport-addresses against the node's own
+		// addresses: run the command in K, whose address the node IP is.
+		args = append([]string{"ip", "netns", "exec", tp.kernel.nsName}, args...)
+		args = append(args, "--nodeport-addresses", netip.PrefixFrom(diffNodeIP, 32).String())
+	}
+	rules, err := exec.Command(args[0], args[1:]...).Output()
 	if err != nil {
 		t.Fatalf("userproxy rules: %v", exitDetail(err))
 	}
@@ -583,8 +739,14 @@ func (tp *diffTopo) conntrackInvalid() int {
 // kernelSysctl sets a sysctl in K.
 func (tp *diffTopo) kernelSysctl(key, value string) {
 	tp.t.Helper()
-	if out, err := exec.Command("ip", "netns", "exec", tp.kernel.nsName, "sysctl", "-qw", key+"="+value).CombinedOutput(); err != nil {
-		tp.t.Fatalf("sysctl %s=%s in %s: %v: %s", key, value, tp.kernel.nsName, err, out)
+	nsSysctl(tp.t, tp.kernel.nsName, key, value)
+}
+
+// nsSysctl sets a sysctl in the named namespace.
+func nsSysctl(t *testing.T, nsName, key, value string) {
+	t.Helper()
+	if out, err := exec.Command("ip", "netns", "exec", nsName, "sysctl", "-qw", key+"="+value).CombinedOutput(); err != nil {
+		t.Fatalf("sysctl %s=%s in %s: %v: %s", key, value, nsName, err, out)
 	}
 }
 

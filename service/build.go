@@ -76,6 +76,7 @@ func (t *Tracker) buildLocked(start time.Time) (tbl *Table, ch Changes, ok bool)
 	t.lastSync = start
 	names := t.dirty
 	t.dirty = nil
+	t.oldestPending = time.Time{}
 	slices.SortFunc(names, func(a, b ServiceName) int {
 		if a.less(b) {
 			return -1

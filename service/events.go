@@ -171,6 +171,9 @@ func (t *Tracker) markDirty(name ServiceName, st *svcState, changed time.Time) {
 		st.dirty = true
 		t.dirty = append(t.dirty, name)
 	}
+	if t.published && t.oldestPending.IsZero() {
+		t.oldestPending = t.clock.Now()
+	}
 	if t.published && len(st.triggers) < maxTriggers {
 		st.triggers = append(st.triggers, changed)
 	}

@@ -26,6 +26,11 @@ type Stats struct {
 	IgnoredEndpointSlices uint64
 	// PendingChanges is the number of services changed since the last table.
 	PendingChanges int
+	// OldestPending is when the oldest change not yet in a table arrived
+	// (by the Tracker's clock); zero when none waits, and before the first
+	// table: kube-proxy's QueuedUpdate, which its proxier starts calling
+	// once initialized (pkg/proxy/healthcheck/proxy_health.go).
+	OldestPending time.Time
 	// NoLocalEndpoints counts, in the last table, the service ports whose
 	// traffic policy is Local and that have no local endpoint
 	// (sync_proxy_rules_no_local_endpoints_total{traffic_policy}).

@@ -86,8 +86,11 @@ type Tracker struct {
 	closed    bool
 	published bool
 	lastSync  time.Time
-	timer     Timer
-	timerGen  uint64
+	// oldestPending is when the oldest change not yet in a table arrived,
+	// once a table is published (Stats.OldestPending).
+	oldestPending time.Time
+	timer         Timer
+	timerGen      uint64
 	// conflicts holds, per lookup key, the Ports that lost it to another
 	// service's Port with a lower name; markExtra counts, per marker key
 	// (ClusterIP or external address), the services beyond the first that
@@ -161,9 +164,35 @@ func (t *Tracker) Stats() Stats {
 	defer t.mu.Unlock()
 	s := t.stats
 	s.PendingChanges = len(t.dirty)
+	s.OldestPending = t.oldestPending
 	s.SyncDuration = t.syncHist.snapshot()
 	s.NetworkProgrammingLatency = t.programmingHist.snapshot()
 	return s
+}
+
+// SetZone changes this node's zone (Config.Zone: the Node's
+// topology.kubernetes.io/zone label, when it is watched) and rebuilds every
+// service, since zone hints may now select other endpoints.
+func (t *Tracker) SetZone(zone string) {
+	t.mu.Lock()
+	if t.node.zone == zone {
+		t.mu.Unlock()
+		return
+	}
+	t.node.zone = zone
+	now := t.clock.Now()
+	for name, st := range t.services {
+		t.markDirty(name, st, now)
+	}
+	t.mu.Unlock()
+	t.kick()
+}
+
+// Zone returns this node's zone as the Tracker uses it.
+func (t *Tracker) Zone() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.node.zone
 }
 
 // Close stops a pending build timer; no table is built after it returns

@@ -756,3 +756,60 @@ func TestTrackerSchedulerAnnotation(t *testing.T) {
 		t.Errorf("changes after annotating: %v, want %v", changed, want)
 	}
 }
+
+// TestTrackerOldestPending: the time the oldest change not yet in a table
+// arrived, as kube-proxy's QueuedUpdate records it: not before the first
+// table (its proxier starts calling it once initialized), then from the
+// first change after a table until the next table.
+func TestTrackerOldestPending(t *testing.T) {
+	clk := service.NewManualClock(epoch)
+	tr, err := service.NewTracker(service.Config{MinSyncPeriod: time.Second, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	web := svc("ns1/web", "10.96.0.5", ports(tcp("a", 80, intstr.FromInt32(80))))
+	tr.OnServiceAdd(web)
+	if st := tr.Stats(); !st.OldestPending.IsZero() {
+		t.Fatalf("before the first table: %v", st.OldestPending)
+	}
+	tr.OnSynced()
+	clk.Advance(100 * time.Millisecond)
+	first := clk.Now()
+	tr.OnServiceUpdate(nil, svc("ns1/web", "10.96.0.5", ports(tcp("a", 81, intstr.FromInt32(81)))))
+	clk.Advance(100 * time.Millisecond)
+	tr.OnServiceUpdate(nil, svc("ns1/web", "10.96.0.5", ports(tcp("a", 82, intstr.FromInt32(82)))))
+	if st := tr.Stats(); !st.OldestPending.Equal(first) || st.PendingChanges != 1 {
+		t.Fatalf("pending: oldest %v (want %v), %d changes", st.OldestPending, first, st.PendingChanges)
+	}
+	clk.Advance(time.Second) // the min-sync timer builds
+	if st := tr.Stats(); !st.OldestPending.IsZero() || st.Syncs != 2 {
+		t.Fatalf("after the build: oldest %v, %d tables", st.OldestPending, st.Syncs)
+	}
+}
+
+// TestTrackerSetZone: a new zone (from the Node's label) rebuilds the table
+// and zone hints select that zone's endpoints (kube-proxy topology.go).
+func TestTrackerSetZone(t *testing.T) {
+	tr := syncedTracker(t, service.Config{NodeName: "node-a"},
+		svc("ns1/web", "10.96.0.5", ports(tcp("http", 80, intstr.FromInt32(80)))),
+		slice("ns1/web-1", "web", discoveryv1.AddressTypeIPv4, eports(eport("http", v1.ProtocolTCP, 80)),
+			ep("10.1.2.3", inZone("zone-a"), zoneHints("zone-a")),
+			ep("10.1.2.4", inZone("zone-b"), zoneHints("zone-b"))),
+	)
+	keys := func() []string {
+		p, _ := tr.Current().Lookup(service.TCP, netip.MustParseAddr("10.96.0.5"), 80)
+		return p.EndpointKeys
+	}
+	if got := keys(); len(got) != 2 {
+		t.Fatalf("no zone: %v, want both", got)
+	}
+	tr.SetZone("zone-b")
+	if got := keys(); !cmp.Equal(got, []string{"10.1.2.4:80"}) || tr.Zone() != "zone-b" {
+		t.Fatalf("zone-b: %v", got)
+	}
+	tr.SetZone("zone-a")
+	if got := keys(); !cmp.Equal(got, []string{"10.1.2.3:80"}) {
+		t.Fatalf("zone-a: %v", got)
+	}
+}

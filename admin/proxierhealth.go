@@ -1,0 +1,168 @@
+package admin
+
+// kube-proxy's proxier health server (pkg/proxy/healthcheck/proxy_health.go),
+// on --healthz-bind-address (10256 on a node), for the probes, load
+// balancers and tools that know kube-proxy's:
+//
+//  1. /healthz and /livez answer JSON, kube-proxy's fields in its layout:
+//     {"lastUpdated": "...","currentTime": "..."} and, on /healthz, "nodeEligible".
+//  2. Healthy while starting (no table yet, nothing queued), and while no
+//     change has waited longer than the health timeout for a table
+//     (service.Stats.OldestPending: kube-proxy's QueuedUpdate); unhealthy
+//     after that, until the next table.
+//  3. /healthz is also unhealthy while this Node is not eligible: being
+//     deleted, or tainted ToBeDeletedByClusterAutoscaler (SetNodeEligible,
+//     from the Node watch); /livez ignores the Node.
+//  4. Both count their answers by code: kubeproxy_proxy_healthz_total and
+//     kubeproxy_proxy_livez_total.
+//
+// The admin server's own /healthz stays for humans, with its reasons.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/userproxy/userproxy/service"
+)
+
+// DefaultHealthTimeout is kube-proxy's health timeout: twice its default
+// --iptables-sync-period of 30 s.
+const DefaultHealthTimeout = 60 * time.Second
+
+// ProxierHealth is kube-proxy's proxier health state and its HTTP server.
+// It is safe for concurrent use.
+type ProxierHealth struct {
+	src     interface{ Stats() service.Stats }
+	timeout time.Duration
+	now     func() time.Time
+
+	nodeEligible atomic.Bool
+	// answers by endpoint (healthz, livez) and code (200, 503).
+	answers [2][2]atomic.Uint64
+}
+
+// NewProxierHealth returns the health state of the tracker src: timeout is
+// the health timeout (0: DefaultHealthTimeout), now the clock (nil:
+// time.Now, whose readings kube-proxy prints with their monotonic part).
+func NewProxierHealth(src interface{ Stats() service.Stats }, timeout time.Duration, now func() time.Time) *ProxierHealth {
+	if timeout <= 0 {
+		timeout = DefaultHealthTimeout
+	}
+	if now == nil {
+		now = time.Now
+	}
+	h := &ProxierHealth{src: src, timeout: timeout, now: now}
+	// Eligible while starting, until a Node event says otherwise.
+	h.nodeEligible.Store(true)
+	return h
+}
+
+// SetNodeEligible records whether this Node may receive traffic (step 3).
+func (h *ProxierHealth) SetNodeEligible(ok bool) { h.nodeEligible.Store(ok) }
+
+// NodeEligible reports what SetNodeEligible last said (true before).
+func (h *ProxierHealth) NodeEligible() bool { return h.nodeEligible.Load() }
+
+// IsHealthy reports the proxier's health (step 2), ignoring the Node: what
+// the service health servers report as serviceProxyHealthy.
+func (h *ProxierHealth) IsHealthy() bool {
+	ok, _ := h.state(h.now())
+	return ok
+}
+
+// state returns the health at now and the time of the last table.
+func (h *ProxierHealth) state(now time.Time) (bool, time.Time) {
+	st := h.src.Stats()
+	if st.OldestPending.IsZero() || now.Sub(st.OldestPending) < h.timeout {
+		return true, st.LastSyncTime
+	}
+	return false, st.LastSyncTime
+}
+
+// Handler serves /healthz and /livez.
+func (h *ProxierHealth) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { h.answer(w, true) })
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { h.answer(w, false) })
+	return mux
+}
+
+// answer writes /healthz (healthz) or /livez in kube-proxy's layout.
+func (h *ProxierHealth) answer(w http.ResponseWriter, healthz bool) {
+	now := h.now()
+	healthy, lastUpdated := h.state(now)
+	eligible := h.NodeEligible()
+	if healthz {
+		healthy = healthy && eligible
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	endpoint := 1
+	if healthz {
+		endpoint = 0
+	}
+	if healthy {
+		h.answers[endpoint][0].Add(1)
+		w.WriteHeader(http.StatusOK)
+		// As kube-proxy: a healthy answer says it was updated now.
+		lastUpdated = now
+	} else {
+		h.answers[endpoint][1].Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	if healthz {
+		fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q, "nodeEligible": %v}`, lastUpdated, now, eligible)
+	} else {
+		fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q}`, lastUpdated, now)
+	}
+}
+
+// Serve serves the handler on ln until ctx is done.
+func (h *ProxierHealth) Serve(ctx context.Context, ln net.Listener, logger *zap.Logger) {
+	srv := &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() { // proxier health server shutdown
+		defer close(done)
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		logger.Error("proxier health server stopped", zap.Error(err))
+	}
+	<-done
+}
+
+var (
+	healthzTotalDesc = prometheus.NewDesc("kubeproxy_proxy_healthz_total",
+		"Cumulative proxy healthz HTTP status (kube-proxy's series).", []string{"code"}, nil)
+	livezTotalDesc = prometheus.NewDesc("kubeproxy_proxy_livez_total",
+		"Cumulative proxy livez HTTP status (kube-proxy's series).", []string{"code"}, nil)
+)
+
+// Describe implements prometheus.Collector: kubeproxy_proxy_healthz_total
+// and kubeproxy_proxy_livez_total (step 4).
+func (h *ProxierHealth) Describe(ch chan<- *prometheus.Desc) {
+	ch <- healthzTotalDesc
+	ch <- livezTotalDesc
+}
+
+// Collect implements prometheus.Collector.
+func (h *ProxierHealth) Collect(ch chan<- prometheus.Metric) {
+	for i, d := range []*prometheus.Desc{healthzTotalDesc, livezTotalDesc} {
+		for j, code := range []string{"200", "503"} {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(h.answers[i][j].Load()), code)
+		}
+	}
+}
+
+var _ prometheus.Collector = (*ProxierHealth)(nil)

@@ -21,17 +21,24 @@ import (
 //     invalid (ip_vs_check_template): it is dropped and the scheduler picks
 //     again, making a new template.
 //  3. Each connection made through a template is "controlled" by it
-//     (n_control), and using the template re-arms its timer to T
-//     (ip_vs_conn_put).
-//  4. When the timer fires, a template that still controls connections is
-//     not expired but re-armed for another T; one that controls none
-//     expires. So a template lives while its client has connections, and
-//     ends at the first multiple of T after its last use at which it
-//     controls none.
+//     (n_control), and using the template re-arms its timer to its
+//     timeout, T when it is made (ip_vs_conn_put).
+//  4. When the timer fires, a template that controls no connection
+//     expires. One that still controls some is not expired: its timeout
+//     becomes 60 s and the timer is re-armed (ip_vs_conn_expire,
+//     expire_later: cp->timeout = 60*HZ); a later use re-arms it with that
+//     timeout too (ip_vs_sched_persist leaves a found template's timeout
+//     alone). So a template ends T after its last use, or, once it has
+//     outlived T with connections, within 60 s after its last connection
+//     ends.
 //
 // Unlike xt_recent affinity (affinity.go), persistence counts live
 // connections, so the caller must Release every Template Pick hands out,
 // once, when the connection ends.
+
+// persistRecheck is the timeout of a template that outlived its first
+// timeout while controlling connections (expire_later's 60*HZ).
+const persistRecheck = int64(60 * time.Second)
 
 // DefaultMaxTemplates bounds the templates of one service port. The kernel
 // bounds them only by memory; here a client spraying new source addresses
@@ -71,10 +78,12 @@ type Template struct {
 	p    *Persistence
 	dest netip.AddrPort
 	// Under p.mu: the controlled connections, the stamp of the last use and
-	// of the moment the controls last fell to zero.
+	// of the moment the controls last fell to zero, and the timeout the
+	// last use armed (T, or persistRecheck once step 4 re-armed it).
 	controls int32
 	lastUse  int64
 	zeroAt   int64
+	timeout  int64
 	// hint is the destination's index in the list last seen.
 	hint int
 }
@@ -123,6 +132,9 @@ func (p *Persistence) Pick(client netip.Addr, eps []Endpoint, schedule func() in
 	if t := p.templates[client]; t != nil {
 		if t.alive(now) {
 			if i := t.find(eps); i >= 0 {
+				if now >= t.lastUse+t.timeout {
+					t.timeout = persistRecheck // the timer fired while it controlled connections
+				}
 				t.controls++
 				t.lastUse = now
 				return i, t, true
@@ -140,7 +152,7 @@ func (p *Persistence) Pick(client netip.Addr, eps []Endpoint, schedule func() in
 	if len(p.templates) >= p.max && !p.sweepLocked(now) {
 		return i, nil, false
 	}
-	t = &Template{p: p, dest: eps[i].Addr, controls: 1, lastUse: now, hint: i}
+	t = &Template{p: p, dest: eps[i].Addr, controls: 1, lastUse: now, timeout: p.timeout, hint: i}
 	p.templates[client] = t
 	return i, t, false
 }
@@ -164,18 +176,19 @@ func (t *Template) Release() {
 func (t *Template) Dest() netip.AddrPort { return t.dest }
 
 // alive reports whether the template's timer has not yet expired it at now
-// (step 4): it fires at lastUse + k*T, k = 1, 2, ..., and expires the
-// template at the first firing at which it controls no connection.
+// (step 4): it fires at lastUse + timeout, then every persistRecheck, and
+// expires the template at the first firing at which it controls no
+// connection (the controls only fall between two uses).
 func (t *Template) alive(now int64) bool {
 	if t.controls > 0 {
 		return true
 	}
-	T := t.p.timeout
-	k := int64(1)
-	if since := t.zeroAt - t.lastUse; since > T {
-		k = (since + T - 1) / T
+	first := t.lastUse + t.timeout
+	if t.zeroAt <= first {
+		return now < first
 	}
-	return now < t.lastUse+k*T
+	k := (t.zeroAt - first + persistRecheck - 1) / persistRecheck
+	return now < first+max(k, 1)*persistRecheck
 }
 
 // find returns the index of the template's destination in eps, or -1.

@@ -8,7 +8,7 @@ import (
 
 // Rows worked out from ip_vs_core.c (ip_vs_sched_persist) and ip_vs_conn.c
 // (ip_vs_conn_expire: a template with controlled connections is re-armed
-// for another T instead of expiring; ip_vs_conn_put re-arms it on each use).
+// instead of expiring; ip_vs_conn_put re-arms it on each use).
 func TestPersistenceIPVSTemplates(t *testing.T) {
 	const T = 10 * time.Second
 	eps := testEndpoints(3)
@@ -68,28 +68,60 @@ func TestPersistenceIPVSTemplates(t *testing.T) {
 	}
 }
 
-// TestPersistenceTimerMultiples: a template used at 0 whose one connection
-// ends at 2.5T lives until 3T (the firings at T and 2T found it
-// controlling), not until 3.5T.
-func TestPersistenceTimerMultiples(t *testing.T) {
-	const T = 10 * time.Second
+// TestPersistenceOutlivingT: a template whose timer fires while it controls
+// a connection is re-armed with 60 s, not T (ip_vs_conn.c, expire_later:
+// cp->timeout = 60*HZ), and keeps that timeout on later uses
+// (ip_vs_sched_persist does not reset a found template's): used at 0 with
+// T = 300 s and a connection ending at 750 s, it fires at 300, 360, ...,
+// 720, finds the connection gone at 780 and expires then; a use at 400
+// re-arms it for 60 s, not 300.
+func TestPersistenceOutlivingT(t *testing.T) {
+	const T = 300 * time.Second
 	eps := testEndpoints(3)
 	client := netip.MustParseAddr("2001:db8::1")
 	clk := newManualClock()
 	p := NewPersistence(PersistenceConfig{Timeout: T, Clock: clk})
 	_, tmpl, _ := p.Pick(client, eps, func() int { return 2 })
-	clk.Advance(5 * T / 2)
+	clk.Advance(750 * time.Second)
 	tmpl.Release()
-	clk.Advance(T/2 - time.Nanosecond)
-	if i, _, by := p.Pick(client, eps, func() int { return 0 }); i != 2 || !by {
-		t.Fatalf("just before 3T: %d byTemplate %v, want 2 true", i, by)
+	clk.Advance(30*time.Second - time.Nanosecond) // 780 s - 1 ns
+	if i, tm, by := p.Pick(client, eps, func() int { return 0 }); i != 2 || !by {
+		t.Fatalf("just before 780 s: %d byTemplate %v, want 2 true", i, by)
+	} else {
+		tm.Release() // a short connection: the template is used at 780 s - 1 ns, now with 60 s
 	}
-	// That pick re-armed the template for T from now and controls a
-	// connection again; release it and let T pass.
-	p.templates[client].Release()
+	clk.Advance(60*time.Second - time.Nanosecond)
+	if i, tm, by := p.Pick(client, eps, func() int { return 0 }); i != 2 || !by {
+		t.Fatalf("60 s after a use under the 60 s timeout, less a nanosecond: %d byTemplate %v", i, by)
+	} else {
+		tm.Release()
+	}
+	clk.Advance(60 * time.Second)
+	if i, _, by := p.Pick(client, eps, func() int { return 0 }); i != 0 || by {
+		t.Fatalf("60 s after the last use with nothing controlled: %d byTemplate %v, want 0 false (a new template)", i, by)
+	}
+}
+
+// TestPersistenceWithinT: a template used and released within T expires T
+// after its last use, as the first firing finds nothing to control.
+func TestPersistenceWithinT(t *testing.T) {
+	const T = 10 * time.Second
+	eps := testEndpoints(2)
+	client := netip.MustParseAddr("10.0.0.1")
+	clk := newManualClock()
+	p := NewPersistence(PersistenceConfig{Timeout: T, Clock: clk})
+	_, tmpl, _ := p.Pick(client, eps, func() int { return 1 })
+	clk.Advance(time.Second)
+	tmpl.Release()
+	clk.Advance(T - time.Second - time.Nanosecond)
+	if i, tm, by := p.Pick(client, eps, func() int { return 0 }); i != 1 || !by {
+		t.Fatalf("just before T: %d byTemplate %v", i, by)
+	} else {
+		tm.Release()
+	}
 	clk.Advance(T)
 	if i, _, by := p.Pick(client, eps, func() int { return 0 }); i != 0 || by {
-		t.Fatalf("T after the last use with nothing controlled: %d byTemplate %v, want 0 false", i, by)
+		t.Fatalf("T after the last use: %d byTemplate %v, want a new template", i, by)
 	}
 }
 

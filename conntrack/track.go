@@ -9,13 +9,16 @@ import "errors"
 // through the host's kernel, not through Classify.
 //
 //  1. The front end calls Track with the flow's tuple once it has the
-//     flow (a TCP connection is established by then): the entry is
-//     inserted ESTABLISHED (TCP) or replied (UDP), ASSURED, with the
-//     established or UDP stream timeout. Bind then records the binding as
-//     for any flow.
-//  2. Touch restarts the timeout while the flow is active (the front end
-//     calls it now and then, not per packet); an entry that times out is
-//     removed with OnRemove as usual, and its owner ends the flow.
+//     flow: a TCP entry is inserted ESTABLISHED and ASSURED with the
+//     established timeout (the kernel completed the handshake); a UDP entry
+//     as its first datagram would make it, unreplied with the short timeout
+//     and open to early drop. Bind then records the binding as for any
+//     flow.
+//  2. Touch restarts the timeout while the flow is active, in either
+//     direction (the front end calls it now and then, not per packet): a
+//     UDP flow becomes replied with its first reply, and a stream, ASSURED,
+//     as udpPacket makes it. An entry that times out is removed with
+//     OnRemove as usual, and its owner ends the flow.
 //  3. When the flow ends on its own, the owner deletes the entry
 //     (DeleteFlow): no FIN passes the table to move it to TIME_WAIT.
 
@@ -23,8 +26,10 @@ import "errors"
 var ErrTracked = errors.New("conntrack: the flow is tracked already")
 
 // Track inserts a live entry for the flow orig (step 1). It returns
-// ErrTracked when a live entry exists, ErrTableFull when the table is full
-// of ASSURED entries (it evicts as Confirm does otherwise).
+// ErrTracked when a live entry exists, ErrNotNew for an invalid tuple, and
+// ErrTableFull when the table is full and its shard holds nothing expired or
+// unassured to drop (Confirm looks in the other shards too; a host-socket
+// front end has the kernel's own backlog in front of it).
 func (t *Table) Track(orig Tuple) error {
 	if !orig.IsValid() {
 		return ErrNotNew
@@ -51,22 +56,27 @@ func (t *Table) Track(orig Tuple) error {
 			return ErrTableFull
 		}
 	}
-	e := &entry{key: orig, id: t.nextID.Add(1), created: now, lastSeen: now, heapIdx: -1,
-		status: StatusSeenReply | StatusAssured}
-	e.expires = now + t.trackedTimeout(orig.proto)
+	e := &entry{key: orig, id: t.nextID.Add(1), created: now, lastSeen: now, heapIdx: -1}
 	if orig.proto == TCP {
 		e.tcp.state = TCPEstablished
+		e.status = StatusSeenReply | StatusAssured
+		e.expires = now + t.tcpTO[TCPEstablished]
+	} else {
+		e.expires = now + t.udpTO
 	}
 	sh.idx.insert(e, h)
 	sh.push(e)
+	if e.status&StatusAssured == 0 {
+		sh.linkTail(e)
+	}
 	sh.n[protoSlot(orig.proto)]++
 	sh.inserted++
 	return nil
 }
 
-// Touch restarts the timeout of the tracked flow orig (step 2) and reports
-// whether its entry is live.
-func (t *Table) Touch(orig Tuple) bool {
+// Touch restarts the timeout of the tracked flow orig after traffic in
+// direction dir (step 2) and reports whether its entry is live.
+func (t *Table) Touch(orig Tuple, dir Direction) bool {
 	now := t.clock.Now()
 	sh, h := t.locate(&orig)
 	sh.mu.Lock()
@@ -76,13 +86,19 @@ func (t *Table) Touch(orig Tuple) bool {
 		return false
 	}
 	e.lastSeen = now
-	sh.setExpiry(e, now+t.trackedTimeout(orig.proto))
-	return true
-}
-
-func (t *Table) trackedTimeout(p Protocol) int64 {
-	if p == TCP {
-		return t.tcpTO[TCPEstablished]
+	timeout := t.tcpTO[TCPEstablished]
+	if orig.proto != TCP {
+		if dir == Reply {
+			e.status |= StatusSeenReply
+		}
+		timeout = t.udpTO
+		if e.status&StatusSeenReply != 0 && now > e.created+udpStreamAge {
+			timeout = t.streamTO
+			if e.status&StatusAssured == 0 {
+				t.setAssured(sh, e)
+			}
+		}
 	}
-	return t.streamTO
+	sh.setExpiry(e, now+timeout)
+	return true
 }

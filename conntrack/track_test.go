@@ -34,19 +34,28 @@ func TestTrackedFlows(t *testing.T) {
 	if !ok || i.State != TCPEstablished || i.Status&StatusAssured == 0 || i.Timeout != DefaultTimeouts().TCPEstablished {
 		t.Fatalf("tracked TCP entry %+v", i)
 	}
-	if u, ok := tab.Get(udp); !ok || u.Timeout != DefaultTimeouts().UDPStream {
+	// A UDP flow starts as its first datagram would: unreplied, 30 s, not
+	// ASSURED; a reply more than 2 s in makes it a stream (udpPacket).
+	if u, ok := tab.Get(udp); !ok || u.Timeout != DefaultTimeouts().UDP || u.Status != 0 {
 		t.Fatalf("tracked UDP entry %+v", u)
 	}
-	clk.Advance(DefaultTimeouts().UDPStream - 1)
-	if !tab.Touch(udp) {
+	clk.Advance(DefaultTimeouts().UDP - 1)
+	if !tab.Touch(udp, Original) {
 		t.Fatal("Touch: gone")
+	}
+	if u, _ := tab.Get(udp); u.Timeout != DefaultTimeouts().UDP || u.Status != 0 {
+		t.Fatalf("after a datagram from the client: %+v", u)
+	}
+	tab.Touch(udp, Reply)
+	if u, _ := tab.Get(udp); u.Timeout != DefaultTimeouts().UDPStream || u.Status != StatusSeenReply|StatusAssured {
+		t.Fatalf("after a reply: %+v", u)
 	}
 	clk.Advance(DefaultTimeouts().UDPStream - 1)
 	if tab.Sweep() != 0 {
 		t.Fatal("a touched entry expired")
 	}
 	clk.Advance(1)
-	if tab.Sweep() != 1 || tab.Touch(udp) {
+	if tab.Sweep() != 1 || tab.Touch(udp, Reply) {
 		t.Fatal("the UDP entry did not expire a timeout after its last touch")
 	}
 	if !tab.DeleteFlow(tcp, nil) || rec.removed != 1 || len(removed) != 2 {

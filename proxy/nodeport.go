@@ -29,6 +29,8 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -43,6 +45,11 @@ type NodePorts struct {
 	p     *Proxy
 	addrs []netip.Addr
 	log   *zap.Logger
+	// ctx bounds the endpoint dials; Close cancels it. inFlight holds a
+	// token per TCP connection between its accept and its splice.
+	ctx      context.Context
+	cancel   context.CancelFunc
+	inFlight chan struct{}
 
 	mu     sync.Mutex
 	open   map[npKey]npSocket
@@ -65,9 +72,16 @@ type npSocket interface{ Close() error }
 // host addresses: 127.0.0.1, ::1, a node IP). Sync it with every table;
 // Close it to stop.
 func (p *Proxy) NewNodePorts(addrs []netip.Addr) *NodePorts {
+	ctx, cancel := context.WithCancel(context.Background())
 	return &NodePorts{p: p, addrs: slices.Clone(addrs), log: p.logger.Named("nodeport"),
+		ctx: ctx, cancel: cancel, inFlight: make(chan struct{}, nodePortInFlight),
 		open: map[npKey]npSocket{}, failed: map[npKey]error{}}
 }
+
+// nodePortInFlight bounds the TCP NodePort connections being set up at once
+// (accepted, their endpoint not yet dialled): the TUN's --max-inflight
+// default. Connections beyond it are reset and counted as in_flight_limited.
+const nodePortInFlight = 1024
 
 // Sync opens and closes sockets to match t's NodePorts (step 1).
 func (n *NodePorts) Sync(t *service.Table) {
@@ -163,9 +177,12 @@ func (n *NodePorts) Listening() int {
 	return len(n.open)
 }
 
-// Close closes every socket and waits for the accept and read loops; the
-// flows already proxied end with the proxy's Shutdown.
+// Close closes every socket, cancels the dials in progress and waits for
+// the accept and read loops; the flows already proxied end with the proxy's
+// Shutdown. Close it before Shutdown, so that no new flow is accepted
+// meanwhile. It may be called more than once.
 func (n *NodePorts) Close() {
+	n.cancel()
 	n.mu.Lock()
 	n.closed = true
 	for k, s := range n.open {
@@ -188,12 +205,28 @@ func (n *NodePorts) acceptTCP(ln net.Listener, fam service.Family, port uint16) 
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		go n.p.handleNodePortTCP(c, fam, port)
+		select {
+		case n.inFlight <- struct{}{}:
+			go n.handleTCP(c, fam, port)
+		default:
+			n.p.stats.count(conntrack.TCP, ResultInFlightLimited)
+			resetTCP(c)
+		}
 	}
 }
 
-// handleNodePortTCP proxies one accepted NodePort connection (steps 2-4).
-func (p *Proxy) handleNodePortTCP(c net.Conn, fam service.Family, port uint16) {
+// handleTCP proxies one accepted NodePort connection (steps 2-4); it holds
+// an inFlight token until the splice starts.
+func (n *NodePorts) handleTCP(c net.Conn, fam service.Family, port uint16) {
+	p := n.p
+	held := true
+	done := func() {
+		if held {
+			<-n.inFlight
+			held = false
+		}
+	}
+	defer done()
 	client := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 	local := c.LocalAddr().(*net.TCPAddr).AddrPort()
 	tuple := conntrack.MakeTuple(conntrack.TCP, unmapped(client), unmapped(local))
@@ -206,7 +239,7 @@ func (p *Proxy) handleNodePortTCP(c net.Conn, fam service.Family, port uint16) {
 		resetTCP(c)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.DialTimeout)
+	ctx, cancel := context.WithTimeout(n.ctx, p.cfg.DialTimeout)
 	start := time.Now()
 	backend, err := p.cfg.Dialer.DialContext(ctx, "tcp", pk.endpoint.String())
 	cancel()
@@ -214,16 +247,23 @@ func (p *Proxy) handleNodePortTCP(c net.Conn, fam service.Family, port uint16) {
 	if err == nil {
 		err = p.sendProxyHeader(backend, pk, tuple)
 	}
+	if err == nil && p.closing.Load() { // Shutdown began during the dial
+		resetTCP(backend)
+		err = errClosing
+	}
 	if err != nil {
 		pk.release()
 		p.ct.DeleteFlow(tuple, nil)
-		p.stats.count(conntrack.TCP, ResultDialFailed)
+		if !errors.Is(err, errClosing) {
+			p.stats.count(conntrack.TCP, ResultDialFailed)
+		}
 		resetTCP(c)
 		return
 	}
+	done()
 	p.stats.count(conntrack.TCP, ResultProxied)
 	s := &splice{client: c, backend: backend, proxy: p, resetClient: func() { resetTCP(c) }}
-	s.touch = func() { p.ct.Touch(tuple) }
+	s.touch = func() { p.ct.Touch(tuple, conntrack.Original) }
 	f := newFlow(tuple, true, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: pk.port.Name.String()}, func(bool) { s.abort() })
 	f.count(pk)
 	defer p.untrack(f)
@@ -261,7 +301,12 @@ func (p *Proxy) routeHost(proto service.Protocol, fam service.Family, port uint1
 		return pick{}, false
 	}
 	if err := p.ct.Track(tuple); err != nil {
-		p.stats.count(cp, ResultTableFull)
+		if errors.Is(err, conntrack.ErrTableFull) {
+			p.stats.count(cp, ResultTableFull)
+		} else { // a tuple still tracked: the kernel reuses no live 4-tuple
+			p.logger.Debug("NodePort flow already tracked", zap.Stringer("flow", tuple), zap.Error(err))
+			p.stats.count(cp, ResultRejectedNoService)
+		}
 		return pick{}, false
 	}
 	pk := p.choose((*p.states.Load())[keyOf(tg.port)], tg, tuple)
@@ -276,6 +321,11 @@ func (p *Proxy) routeHost(proto service.Protocol, fam service.Family, port uint1
 	return pk, true
 }
 
+// errClosing ends a NodePort flow set up while the proxy shut down.
+var errClosing = errors.New("proxy: shutting down")
+
+// unmapped returns a with an IPv4-mapped IPv6 address made IPv4, as the
+// conntrack table keys IPv4 flows.
 func unmapped(a netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 }
@@ -300,11 +350,21 @@ type npSession struct {
 	flow    *flow
 	once    sync.Once
 	// prefix is the PROXY protocol v2 header sent before every datagram
-	// (nil for none); scratch, under u.mu, holds the two together.
+	// (nil for none); scratch, used by the socket's reader only, holds the
+	// two together.
 	prefix, scratch []byte
-	// lastTouch is when the entry was last refreshed (Unix nanoseconds),
-	// under u.mu.
-	lastTouch int64
+	// lastTouch is when the entry was last refreshed, per direction
+	// (Unix nanoseconds).
+	lastTouch [2]atomic.Int64
+}
+
+// touch refreshes the session's entry after traffic in direction dir, at
+// most once a second per direction (step 4).
+func (s *npSession) touch(dir conntrack.Direction) {
+	if now := time.Now().UnixNano(); now-s.lastTouch[dir].Load() > int64(time.Second) {
+		s.lastTouch[dir].Store(now)
+		s.u.n.p.ct.Touch(s.tuple, dir)
+	}
 }
 
 // serve reads datagrams until the socket is closed, then ends its flows.
@@ -322,17 +382,11 @@ func (u *npUDP) serve() { // NodePort UDP reader
 		from = unmapped(from)
 		u.mu.Lock()
 		s := u.sessions[from]
-		if s != nil {
-			if now := time.Now().UnixNano(); now-s.lastTouch > int64(time.Second) {
-				s.lastTouch = now
-				u.n.p.ct.Touch(s.tuple)
-			}
-		}
 		u.mu.Unlock()
-		if s == nil {
-			if s = u.start(from); s == nil {
-				continue // refused: dropped
-			}
+		if s != nil {
+			s.touch(conntrack.Original)
+		} else if s = u.start(from); s == nil {
+			continue // refused: dropped
 		}
 		out := buf[:nr]
 		if len(s.prefix) > 0 { // only the reader goroutine writes to the endpoint
@@ -372,19 +426,21 @@ func (u *npUDP) start(client netip.AddrPort) *npSession {
 		return nil
 	}
 	p.stats.count(conntrack.UDP, ResultProxied)
-	s := &npSession{u: u, client: client, tuple: tuple, backend: backend, lastTouch: time.Now().UnixNano()}
+	s := &npSession{u: u, client: client, tuple: tuple, backend: backend}
 	if pk.pp != ProxyProtocolNone {
 		s.prefix, _ = AppendProxyHeader(nil, pk.pp, service.UDP, client, local)
 	}
 	s.flow = newFlow(tuple, false, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: pk.port.Name.String()}, s.end)
 	s.flow.count(pk)
+	// In the map before the entry is bound: a removal from then on ends
+	// the session through the reaper, and end takes it out of the map.
+	u.mu.Lock()
+	u.sessions[client] = s
+	u.mu.Unlock()
 	if !p.track(s.flow) {
 		s.end(true)
 		return nil
 	}
-	u.mu.Lock()
-	u.sessions[client] = s
-	u.mu.Unlock()
 	u.n.wg.Add(1)
 	go func() { defer u.n.wg.Done(); s.relayReplies() }()
 	return s
@@ -396,10 +452,14 @@ func (s *npSession) relayReplies() { // NodePort UDP replies
 	buf := make([]byte, maxDatagram)
 	for {
 		nr, err := s.backend.Read(buf)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			continue // an ICMP error from the endpoint: the flow lives on, as on the TUN path
+		}
 		if err != nil {
 			s.end(false)
 			return
 		}
+		s.touch(conntrack.Reply)
 		if _, err := s.u.pc.WriteToUDPAddrPort(buf[:nr], s.client); err == nil {
 			s.u.n.p.stats.bytes[1].Add(uint64(nr))
 		}

@@ -25,10 +25,13 @@ const (
 	// ResultDroppedSourceRange: a flow to a load-balancer IP from outside
 	// its loadBalancerSourceRanges (kube-proxy's KUBE-PROXY-FIREWALL).
 	ResultDroppedSourceRange
+	// ResultInFlightLimited: a NodePort connection reset because too many
+	// were being set up at once.
+	ResultInFlightLimited
 	numResults
 )
 
-var resultNames = [numResults]string{"proxied", "rejected_no_service", "rejected_no_endpoints", "dropped_local_policy", "dial_failed", "table_full", "local", "dropped_source_range"}
+var resultNames = [numResults]string{"proxied", "rejected_no_service", "rejected_no_endpoints", "dropped_local_policy", "dial_failed", "table_full", "local", "dropped_source_range", "in_flight_limited"}
 
 func (r Result) String() string { return resultNames[r] }
 

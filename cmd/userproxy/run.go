@@ -337,6 +337,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	// Stop admitting, let the flows finish for a moment, then reset what is
 	// left (a response cut short must look cut short); the deferred Close
 	// of the stack then removes the rest.
+	nodePorts.Close() // no new NodePort flows while the others drain
 	drain, cancelDrain := context.WithTimeout(context.Background(), shutdownGrace)
 	if n := px.Shutdown(drain); n > 0 {
 		logger.Info("shutdown: reset the flows still open after the grace period", zap.Int("flows", n), zap.Duration("grace", shutdownGrace))

@@ -151,6 +151,8 @@ func (p *Proxy) OnConntrackRemove(info conntrack.EntryInfo, _ conntrack.RemoveRe
 func (p *Proxy) reap(ctx context.Context, sweep time.Duration) { // flow reaper and conntrack sweeper
 	tick := time.NewTicker(sweep)
 	defer tick.Stop()
+	templates := time.NewTicker(templateSweep)
+	defer templates.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -158,6 +160,8 @@ func (p *Proxy) reap(ctx context.Context, sweep time.Duration) { // flow reaper 
 		case <-tick.C:
 			p.ct.Sweep()
 			p.defrag.Sweep()
+		case <-templates.C:
+			p.sweepTemplates()
 		case <-p.flows.wake:
 		}
 		p.reapQueued()

@@ -23,7 +23,9 @@ package proxy
 // is refused (ErrProxyHeader) rather than guessed at. An IPv6 zone is not
 // part of either format and is dropped.
 //
-// Nothing here is wired into tcp.go or udp.go yet.
+// The datapath sends the header first on each TCP endpoint connection
+// (sendProxyHeader, for TUN and NodePort flows) and, under v2, in front of
+// every datagram of a UDP flow (udp.go, nodeport.go).
 
 import (
 	"errors"

@@ -8,6 +8,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"github.com/userproxy/userproxy/balancer"
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/service"
@@ -19,7 +20,9 @@ import (
 // or whether it is refused or dropped.
 func TestResolveExternalFlows(t *testing.T) {
 	host := netip.MustParseAddr("192.0.2.100") // this host's own address
-	p, tr, _ := newTestProxyWith(t, Config{LocalSource: func(a netip.Addr) bool { return a == host }}, true)
+	seed := uint64(16)
+	t.Logf("seed %d", seed)
+	p, tr, _ := newTestProxyWith(t, Config{Rand: balancer.NewSeededSource(seed), LocalSource: func(a netip.Addr) bool { return a == host }}, true)
 	lb := func(local bool, ranges ...string) func(*v1.Service) {
 		return func(s *v1.Service) {
 			s.Spec.Type = v1.ServiceTypeLoadBalancer
@@ -113,5 +116,26 @@ func TestResolveExternalFlows(t *testing.T) {
 	}
 	if s := p.Stats(); s.Flows[0][ResultDroppedSourceRange] != 1 {
 		t.Errorf("dropped_source_range %d, want 1", s.Flows[0][ResultDroppedSourceRange])
+	}
+
+	// NodePorts (resolveNodePort): the external set and the short-circuit
+	// apply, the source ranges do not.
+	for _, tc := range []struct {
+		name     string
+		src      netip.Addr
+		nodePort uint16
+		v        service.Verdict
+		set      setKind
+	}{
+		{"NodePort of a service with source ranges, from outside them", outside, 30080, service.Forward, setExternal},
+		{"NodePort, Local policy: the local set", outside, 30081, service.Forward, setExternal},
+		{"NodePort, Local policy, from this host: the cluster set", host, 30081, service.Forward, setFromHost},
+		{"NodePort, Local policy, no local endpoint: dropped", outside, 30082, service.NoLocalEndpoints, setExternal},
+		{"no such NodePort", outside, 30099, service.NotService, setInternal},
+	} {
+		tg := p.resolveNodePort(p.Table(), service.TCP, service.IPv4, tc.src, tc.nodePort)
+		if tg.v != tc.v || tg.set != tc.set || tg.dropped {
+			t.Errorf("%s: verdict %v set %v dropped %v, want %v %v", tc.name, tg.v, tg.set, tg.dropped, tc.v, tc.set)
+		}
 	}
 }

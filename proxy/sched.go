@@ -27,6 +27,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -181,8 +182,14 @@ func (p *Proxy) newPortState(port *service.Port, old *portState) *portState {
 		}
 		s.sets[k] = p.newEndpointSet(port, s.cfg, eps, keys, prev, used, oldSet)
 	}
+	listed := make(map[*dest]struct{}, len(prev))
+	if len(prev) > 0 {
+		for _, d := range s.setDests() {
+			listed[d] = struct{}{}
+		}
+	}
 	for addr, d := range prev {
-		if _, listed := used[addr]; listed {
+		if _, ok := listed[d]; ok {
 			continue
 		}
 		if a, i := d.conns.Load(); a+i > 0 {
@@ -331,10 +338,26 @@ func (f *flow) Removed(established bool) {
 	f.tmpl.Release()
 }
 
-// allDests returns every dest of the state: its sets' and the gone ones.
-// A dest shared by several sets is listed once per set.
-func (s *portState) allDests() []*dest {
-	out := slices.Collect(maps.Values(s.gone))
+// templateSweep is how often the expired persistence templates of every
+// service port are dropped (the reaper does it), so that a port's templates
+// do not wait for its map to fill to go.
+const templateSweep = time.Minute
+
+// sweepTemplates drops the expired persistence templates of every set.
+func (p *Proxy) sweepTemplates() {
+	for _, s := range *p.states.Load() {
+		for k, set := range s.sets {
+			if set.persist != nil && (k == 0 || set != s.sets[k-1] && set != s.sets[0]) {
+				set.persist.Sweep()
+			}
+		}
+	}
+}
+
+// setDests returns the dests of the state's distinct sets; a dest shared
+// by several sets is listed once per set.
+func (s *portState) setDests() []*dest {
+	var out []*dest
 	for k, set := range s.sets {
 		if k > 0 && set == s.sets[k-1] || k == 2 && set == s.sets[0] {
 			continue
@@ -342,4 +365,9 @@ func (s *portState) allDests() []*dest {
 		out = append(out, set.dests...)
 	}
 	return out
+}
+
+// allDests returns every dest of the state: its sets' and the gone ones.
+func (s *portState) allDests() []*dest {
+	return append(slices.Collect(maps.Values(s.gone)), s.setDests()...)
 }

@@ -244,3 +244,36 @@ func TestIPVSStatsCountPackets(t *testing.T) {
 		t.Fatalf("after the flow ended: %+v, before %+v", e, d.Stats)
 	}
 }
+
+// TestSchedulerDestsFollowEndpoints: an endpoint's dest (its counts) is kept
+// across tables while it is listed, and kept apart ("gone", as in IPVS's
+// trash) only once it left with flows still counted on it (review: listed
+// endpoints were also kept as gone).
+func TestSchedulerDestsFollowEndpoints(t *testing.T) {
+	s := newSchedPath(t, Config{}, withScheduler("lc"))
+	s.open(t)
+	state := func() *portState {
+		for _, st := range *s.p.states.Load() {
+			return st
+		}
+		return nil
+	}
+	before := state().sets[setInternal].dests
+	port := before[0] // lc: the first endpoint took the flow
+	ep := s.p.Table().Ports()[0].Endpoints
+	addrs := []string{}
+	for _, e := range ep {
+		addrs = append(addrs, e.Addr.Addr().String())
+	}
+	grown := slice("web", "web-1", v1.ProtocolTCP, int32(ep[0].Addr.Port()), "", append(addrs, "127.0.0.4")...)
+	s.tr.OnEndpointSliceUpdate(nil, grown)
+	st := state()
+	if len(st.gone) != 0 || st.sets[setInternal].dests[0] != port {
+		t.Fatalf("after an endpoint joined: gone %v, first dest kept %v", st.gone, st.sets[setInternal].dests[0] == port)
+	}
+	shrunk := slice("web", "web-1", v1.ProtocolTCP, int32(ep[0].Addr.Port()), "", addrs[1:]...)
+	s.tr.OnEndpointSliceUpdate(nil, shrunk)
+	if st := state(); len(st.gone) != 1 || st.gone[ep[0].Addr] != port {
+		t.Fatalf("after the endpoint with the flow left: gone %v", st.gone)
+	}
+}

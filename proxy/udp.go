@@ -109,17 +109,19 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
 			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
 	}
-	s := newUDPSender(backend, &p.stats.bytes[0])
-	if s != nil && pk.pp != ProxyProtocolNone {
-		hdr, err := AppendProxyHeader(nil, pk.pp, service.UDP, tuple.Src(), tuple.Dst())
-		if err != nil {
+	var prefix []byte // the PROXY protocol v2 header before every datagram
+	if pk.pp != ProxyProtocolNone {
+		var err error
+		if prefix, err = AppendProxyHeader(nil, pk.pp, service.UDP, tuple.Src(), tuple.Dst()); err != nil {
 			p.logger.Warn("no PROXY protocol header for a UDP flow", zap.Stringer("servicePort", port.Name), zap.Error(err))
 		}
-		s.prefix = hdr
 	}
-	if s == nil {
+	s := newUDPSender(backend, &p.stats.bytes[0])
+	if s != nil {
+		s.prefix = prefix
+	} else {
 		done := make(chan struct{}, 2)
-		go p.pumpClientToEndpoint(r.Conn, backend, done)
+		go p.pumpClientToEndpoint(r.Conn, backend, prefix, done)
 		go p.pumpEndpointToClient(backend, r.Conn, done)
 		<-done
 		u.finish(false)
@@ -253,31 +255,33 @@ func (u *udpFlow) finish(byReaper bool) { // byReaper: the entry is gone already
 	u.p.udpSessions.Add(-1)
 }
 
-func (p *Proxy) pumpClientToEndpoint(client, backend net.Conn, done chan<- struct{}) { // pump: client -> endpoint
-	p.pump(backend, client, 0)
+func (p *Proxy) pumpClientToEndpoint(client, backend net.Conn, prefix []byte, done chan<- struct{}) { // pump: client -> endpoint
+	p.pump(backend, client, 0, prefix)
 	done <- struct{}{}
 }
 
 func (p *Proxy) pumpEndpointToClient(backend, client net.Conn, done chan<- struct{}) { // pump: endpoint -> client
-	p.pump(client, backend, 1)
+	p.pump(client, backend, 1, nil)
 	done <- struct{}{}
 }
 
-// pump relays datagrams from src to dst until either fails. An ICMP error
-// from the endpoint (ECONNREFUSED on the connected socket) does not end it.
-func (p *Proxy) pump(dst, src net.Conn, dir int) {
+// pump relays datagrams from src to dst until either fails, each after
+// prefix (a PROXY protocol header; nil for none). An ICMP error from the
+// endpoint (ECONNREFUSED on the connected socket) does not end it.
+func (p *Proxy) pump(dst, src net.Conn, dir int, prefix []byte) {
 	bp := udpPool.Get().(*[]byte)
 	defer udpPool.Put(bp)
 	buf := *bp
+	off := copy(buf, prefix)
 	for {
-		n, err := src.Read(buf)
+		n, err := src.Read(buf[off:])
 		if err != nil {
 			if errors.Is(err, syscall.ECONNREFUSED) {
 				continue
 			}
 			return
 		}
-		if _, err := dst.Write(buf[:n]); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+		if _, err := dst.Write(buf[:off+n]); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
 			return
 		}
 		p.stats.bytes[dir].Add(uint64(n))

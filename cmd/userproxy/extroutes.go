@@ -48,6 +48,7 @@ func newExtRoutes(ops routeOps, dev string, serviceCIDRs []netip.Prefix, logger 
 		mine: map[netip.Addr]bool{}, foreign: map[netip.Addr]bool{}, unrouted: map[netip.Addr]error{}}
 }
 
+// hostPrefix returns the /32 or /128 of a.
 func hostPrefix(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
 
 // Sync makes the routes match want (steps 2 and 3).

@@ -86,7 +86,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.mtu, "mtu", defaultMTU, "MTU of a TUN device run creates")
 	f.serviceCIDRs.values = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
 	fs.Var(&f.serviceCIDRs, "service-cidr", "service CIDR routed into the TUN (repeatable; IPv6 too)")
-	fs.Var(&f.clusterCIDRs, "cluster-cidr", "pod CIDR of this cluster (repeatable): flows from it, as from this host's own addresses, to an external IP or LB IP of an externalTrafficPolicy Local service use every endpoint (kube-proxy's short-circuit)")
+	fs.Var(&f.clusterCIDRs, "cluster-cidr", "pod CIDR of this cluster (repeatable): flows from it, as from this host's own addresses, to a NodePort, external IP or LB IP of an externalTrafficPolicy Local service use every endpoint (kube-proxy's short-circuit)")
 	fs.StringVar(&f.nodePortAddresses, "nodeport-addresses", defaultNodePortAddresses, "where NodePorts are served: comma-separated CIDRs (this host's addresses in them) or \"primary\" (kube-proxy's syntax); empty: nowhere")
 	fs.StringVar(&f.nodeName, "node-name", host, "this node's name, for internalTrafficPolicy Local and topology hints")
 	fs.StringVar(&f.zone, "zone", "", "this node's topology.kubernetes.io/zone, for zone hints (empty: hints ignored)")

@@ -250,10 +250,25 @@ func (d *tunDevice) hostRoutes() (routeOps, error) {
 
 func (n netlinkRoutes) add(dst netip.Prefix) error {
 	err := netlink.RouteAdd(&netlink.Route{LinkIndex: n.index, Dst: prefixNet(dst)})
-	if errors.Is(err, unix.EEXIST) {
-		return errRouteExists
+	if !errors.Is(err, unix.EEXIST) {
+		return err
 	}
-	return err
+	// Someone's route: fine if it leads into the TUN, else traffic to the
+	// address goes elsewhere and must be reported.
+	family := netlink.FAMILY_V4
+	if dst.Addr().Is6() {
+		family = netlink.FAMILY_V6
+	}
+	routes, lerr := netlink.RouteListFiltered(family, &netlink.Route{Dst: prefixNet(dst)}, netlink.RT_FILTER_DST)
+	if lerr != nil {
+		return fmt.Errorf("a route to %s exists; listing it: %w", dst, lerr)
+	}
+	for _, r := range routes {
+		if r.LinkIndex == n.index {
+			return errRouteExists
+		}
+	}
+	return fmt.Errorf("a route to %s exists through another device", dst)
 }
 
 func (n netlinkRoutes) del(dst netip.Prefix) error {

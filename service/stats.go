@@ -123,8 +123,10 @@ type Histogram struct {
 var (
 	// SyncDurationBounds: ExponentialBuckets(0.001, 2, 15).
 	SyncDurationBounds = exponentialBounds(0.001, 2, 15)
-	// NetworkProgrammingBounds: 0.25 and 0.5, then 1 to 59 by 1, 60 to 115
-	// by 5, 120 to 300 by 30.
+	// NetworkProgrammingBounds: 0, 0.25 and 0.5, then 1 to 59 by 1, 60 to
+	// 115 by 5, 120 to 300 by 30 — 81 bounds. The leading 0 is kube-proxy's
+	// too: component-base's MergeBuckets, which builds them, starts from a
+	// one-element slice holding 0.
 	NetworkProgrammingBounds = networkProgrammingBounds()
 )
 
@@ -138,7 +140,7 @@ func exponentialBounds(start, factor float64, n int) []float64 {
 }
 
 func networkProgrammingBounds() []float64 {
-	b := []float64{0.25, 0.5}
+	b := []float64{0, 0.25, 0.5}
 	for v := 1; v <= 59; v++ {
 		b = append(b, float64(v))
 	}

@@ -825,3 +825,28 @@ func TestTrackerStatsPerFamily(t *testing.T) {
 		t.Errorf("Get(IPv6).Count = %d", got.Count)
 	}
 }
+
+// TestTrackerHistogramBoundsKubeProxy: the bounds are those of kube-proxy's
+// pkg/proxy/metrics/metrics.go, built as component-base builds them
+// (ExponentialBuckets; MergeBuckets of LinearBuckets, with its leading 0).
+func TestTrackerHistogramBoundsKubeProxy(t *testing.T) {
+	var sync []float64
+	for i, b := 0, 0.001; i < 15; i, b = i+1, b*2 {
+		sync = append(sync, b)
+	}
+	if diff := cmp.Diff(sync, service.SyncDurationBounds); diff != "" {
+		t.Errorf("SyncDurationBounds (-kube-proxy +ours):\n%s", diff)
+	}
+	programming := []float64{0} // MergeBuckets' first element
+	for _, lin := range []struct {
+		start, width float64
+		n            int
+	}{{0.25, 0.25, 2}, {1, 1, 59}, {60, 5, 12}, {120, 30, 7}} {
+		for i := 0; i < lin.n; i++ {
+			programming = append(programming, lin.start+float64(i)*lin.width)
+		}
+	}
+	if diff := cmp.Diff(programming, service.NetworkProgrammingBounds); diff != "" {
+		t.Errorf("NetworkProgrammingBounds (-kube-proxy +ours):\n%s", diff)
+	}
+}

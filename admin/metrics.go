@@ -7,8 +7,11 @@ package admin
 //  2. Describe sends the descriptors of the present sources; Collect takes
 //     one snapshot per source and turns it into constant metrics, so a
 //     scrape costs one Stats call per part and nothing is counted twice.
-//  3. Names are kube-proxy's (pkg/proxy/metrics/metrics.go) where the
-//     meaning is the same, in the namespace "userproxy".
+//  3. A series kube-proxy also exports has kube-proxy's full name, type,
+//     labels and buckets (kubernetes pkg/proxy/metrics/metrics.go, v1.37:
+//     kubeproxy_*; kubeProxySeries in kubeproxy_metrics_test.go pins
+//     them), so that its dashboards and alerts work unchanged; our own
+//     series are userproxy_*.
 
 import (
 	"time"
@@ -21,8 +24,8 @@ import (
 	"github.com/userproxy/userproxy/service"
 )
 
-// namespace prefixes every metric name.
-const namespace = "userproxy"
+// own names a series kube-proxy does not have: ours, prefixed userproxy_.
+func own(name string) string { return "userproxy_" + name }
 
 // GateStats is the part of the stack's counters the metrics read: the gate's
 // verdicts on packets and new flows. Its fields are netstack.Stats' field for
@@ -51,7 +54,8 @@ type GateStats struct {
 // concurrently with the datapath (the Stats methods of conntrack.Table,
 // proxy.Proxy, service.Tracker and netstack.Stack are).
 type Sources struct {
-	// Conntrack feeds ct_state_invalid_dropped_packets_total and the
+	// Conntrack feeds kube-proxy's
+	// kubeproxy_iptables_ct_state_invalid_dropped_packets_total and our
 	// conntrack_* metrics (*conntrack.Table).
 	Conntrack interface{ Stats() conntrack.Stats }
 	// Reassembler feeds the defrag_* metrics: the IP fragments the gate
@@ -62,10 +66,14 @@ type Sources struct {
 	// Proxy feeds flows_total, dial_duration_seconds, spliced_bytes_total,
 	// affinity_hits_total, flows_active, udp_sessions (*proxy.Proxy).
 	Proxy interface{ Stats() proxy.Stats }
-	// Tracker feeds the sync_proxy_rules_* metrics,
-	// network_programming_duration_seconds and the service gauges
-	// (*service.Tracker).
+	// Tracker feeds kube-proxy's kubeproxy_sync_proxy_rules_* and
+	// kubeproxy_network_programming_duration_seconds, and our service
+	// gauges (*service.Tracker).
 	Tracker interface{ Stats() service.Stats }
+	// Families are the IP families the proxy serves (those of its service
+	// CIDRs), the values of kube-proxy's ip_family label on the Tracker's
+	// series; nil is both.
+	Families []service.Family
 	// Gate feeds the gate_* metrics:
 	// func() admin.GateStats { return admin.GateStats(stack.Stats()) }.
 	Gate func() GateStats
@@ -93,7 +101,11 @@ func RegisterMetrics(reg prometheus.Registerer, src Sources) error {
 func NewCollector(src Sources) prometheus.Collector {
 	c := &collector{}
 	if src.Tracker != nil {
-		c.groups = append(c.groups, trackerGroup(src.Tracker.Stats))
+		fams := src.Families
+		if len(fams) == 0 {
+			fams = []service.Family{service.IPv4, service.IPv6}
+		}
+		c.groups = append(c.groups, trackerGroup(src.Tracker.Stats, fams))
 	}
 	if src.Conntrack != nil {
 		c.groups = append(c.groups, conntrackGroup(src.Conntrack.Stats))
@@ -112,7 +124,7 @@ func NewCollector(src Sources) prometheus.Collector {
 	}
 	if src.NodePorts != nil {
 		c.groups = append(c.groups, &group[NodePortStats]{snapshot: src.NodePorts, defs: []def[NodePortStats]{
-			labeled("nodeport_sockets", "NodePort sockets by state: open, or failed (the port is taken on the host; see /healthz).",
+			labeled(own("nodeport_sockets"), "NodePort sockets by state: open, or failed (the port is taken on the host; see /healthz).",
 				prometheus.GaugeValue, []string{"state"}, func(s *NodePortStats, emit func(float64, ...string)) {
 					emit(float64(s.Open), "open")
 					emit(float64(s.Failed), "failed")
@@ -121,7 +133,7 @@ func NewCollector(src Sources) prometheus.Collector {
 	}
 	if src.ReloadErrors != nil {
 		c.groups = append(c.groups, &group[uint64]{snapshot: src.ReloadErrors, defs: []def[uint64]{
-			counter("config_reload_errors_total", "Failed reads of the configuration source; the last good state is kept.",
+			counter(own("config_reload_errors_total"), "Failed reads of the configuration source; the last good state is kept.",
 				func(n *uint64) uint64 { return *n }),
 		}})
 	}
@@ -175,8 +187,9 @@ type def[S any] struct {
 	emit func(ch chan<- prometheus.Metric, d *prometheus.Desc, s *S)
 }
 
+// newDesc describes the family name: a full name (own or kube-proxy's).
 func newDesc(name, help string, labels ...string) *prometheus.Desc {
-	return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, labels, nil)
+	return prometheus.NewDesc(name, help, labels, nil)
 }
 
 func counter[S any](name, help string, v func(*S) uint64) def[S] {
@@ -205,48 +218,92 @@ func labeled[S any](name, help string, typ prometheus.ValueType, labels []string
 func histogram[S any](name, help string, h func(*S) (bounds []float64, cum []uint64, count uint64, sum float64)) def[S] {
 	return def[S]{newDesc(name, help), func(ch chan<- prometheus.Metric, d *prometheus.Desc, s *S) {
 		bounds, cum, count, sum := h(s)
-		buckets := make(map[float64]uint64, len(bounds))
-		for i := 0; i < len(bounds) && i < len(cum); i++ {
-			buckets[bounds[i]] = cum[i]
-		}
-		m, err := prometheus.NewConstHistogram(d, count, sum, buckets)
-		if err != nil {
-			m = prometheus.NewInvalidMetric(d, err)
-		}
-		ch <- m
+		ch <- constHistogram(d, bounds, cum, count, sum)
 	}}
 }
 
-func serviceHistogram(h service.Histogram) ([]float64, []uint64, uint64, float64) {
-	return h.Bounds, h.Buckets, h.Count, h.Sum
+// constHistogram is one histogram series: cum[i] counts the observations
+// <= bounds[i].
+func constHistogram(d *prometheus.Desc, bounds []float64, cum []uint64, count uint64, sum float64, labelValues ...string) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(bounds))
+	for i := 0; i < len(bounds) && i < len(cum); i++ {
+		buckets[bounds[i]] = cum[i]
+	}
+	m, err := prometheus.NewConstHistogram(d, count, sum, buckets, labelValues...)
+	if err != nil {
+		m = prometheus.NewInvalidMetric(d, err)
+	}
+	return m
 }
 
-// trackerGroup: kube-proxy's sync metrics. A "sync" is building a new
-// service table.
-func trackerGroup(snap func() service.Stats) metricGroup {
+// labeledHistogram is a histogram family with labels, read from
+// service.Histograms: each calls emit once per series.
+func labeledHistogram[S any](name, help string, labels []string, each func(s *S, emit func(h service.Histogram, labelValues ...string))) def[S] {
+	return def[S]{newDesc(name, help, labels...), func(ch chan<- prometheus.Metric, d *prometheus.Desc, s *S) {
+		each(s, func(h service.Histogram, lv ...string) {
+			ch <- constHistogram(d, h.Bounds, h.Buckets, h.Count, h.Sum, lv...)
+		})
+	}}
+}
+
+// trackerGroup: kube-proxy's sync metrics, under kube-proxy's names
+// (pkg/proxy/metrics/metrics.go). A "sync" is building a new service table.
+//
+// ip_family: kube-proxy runs one proxier per family, each with its own
+// sync. One build of ours programs every family at once, so the sync
+// series (duration, last and queued timestamps) carry that build under
+// each family served (fams): true of each family, and what kube-proxy's
+// dual-stack proxiers would both report. The network programming latency
+// and the ports without local endpoint are per family for real: a change
+// counts for its own family, a port for its own (service.Stats).
+func trackerGroup(snap func() service.Stats, fams []service.Family) metricGroup {
+	eachFamily := func(emit func(float64, ...string), v float64) {
+		for _, f := range fams {
+			emit(v, f.String())
+		}
+	}
 	return &group[service.Stats]{snapshot: snap, defs: []def[service.Stats]{
-		histogram("sync_proxy_rules_duration_seconds", "Time to build a new service table (kube-proxy: SyncProxyRules latency).",
-			func(s *service.Stats) ([]float64, []uint64, uint64, float64) { return serviceHistogram(s.SyncDuration) }),
-		gauge("sync_proxy_rules_last_timestamp_seconds", "When the last service table went live, in seconds since the epoch; 0 before the first.",
-			func(s *service.Stats) float64 { return unixSeconds(s.LastSyncTime) }),
-		counter("sync_proxy_rules_endpoint_changes_total", "EndpointSlice events received for a service.",
+		labeledHistogram("kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds: the time to build a new service table, which programs every IP family at once.",
+			[]string{"ip_family"}, func(s *service.Stats, emit func(service.Histogram, ...string)) {
+				for _, f := range fams {
+					emit(s.SyncDuration, f.String())
+				}
+			}),
+		labeled("kubeproxy_sync_proxy_rules_last_timestamp_seconds", "The last time proxy rules were successfully synced: when the last service table went live, in seconds since the epoch; 0 before the first.",
+			prometheus.GaugeValue, []string{"ip_family"}, func(s *service.Stats, emit func(float64, ...string)) {
+				eachFamily(emit, unixSeconds(s.LastSyncTime))
+			}),
+		labeled("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", "The last time a sync of proxy rules was queued: a change marked a service for the next table; 0 before the first.",
+			prometheus.GaugeValue, []string{"ip_family"}, func(s *service.Stats, emit func(float64, ...string)) {
+				eachFamily(emit, unixSeconds(s.LastQueuedTime))
+			}),
+		counter("kubeproxy_sync_proxy_rules_endpoint_changes_total", "Cumulative proxy rules Endpoint changes: EndpointSlice events received for a service.",
 			func(s *service.Stats) uint64 { return s.EndpointChanges }),
-		counter("sync_proxy_rules_service_changes_total", "Service events received.",
+		counter("kubeproxy_sync_proxy_rules_service_changes_total", "Cumulative proxy rules Service changes: Service events received.",
 			func(s *service.Stats) uint64 { return s.ServiceChanges }),
-		labeled("sync_proxy_rules_no_local_endpoints_total", "Service ports with a Local traffic policy and no local endpoint, in the last table.",
-			prometheus.GaugeValue, []string{"traffic_policy"}, func(s *service.Stats, emit func(float64, ...string)) {
-				emit(float64(s.NoLocalEndpoints.Internal), "internal")
-				emit(float64(s.NoLocalEndpoints.External), "external")
+		gauge("kubeproxy_sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes: services whose EndpointSlices changed since the last table.",
+			func(s *service.Stats) float64 { return float64(s.EndpointChangesPending) }),
+		gauge("kubeproxy_sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes: services changed since the last table.",
+			func(s *service.Stats) float64 { return float64(s.ServiceChangesPending) }),
+		labeled("kubeproxy_sync_proxy_rules_no_local_endpoints_total", "Number of services with a Local traffic policy and no endpoints: service ports, per policy and family, in the last table.",
+			prometheus.GaugeValue, []string{"traffic_policy", "ip_family"}, func(s *service.Stats, emit func(float64, ...string)) {
+				for _, f := range fams {
+					n := s.NoLocalEndpointsByFamily.Get(f)
+					emit(float64(n.Internal), "internal", f.String())
+					emit(float64(n.External), "external", f.String())
+				}
 			}),
-		histogram("network_programming_duration_seconds", "Time from a Service or EndpointSlice change to the table that reflects it going live.",
-			func(s *service.Stats) ([]float64, []uint64, uint64, float64) {
-				return serviceHistogram(s.NetworkProgrammingLatency)
+		labeledHistogram("kubeproxy_network_programming_duration_seconds", "In Cluster Network Programming Latency in seconds: from a Service or EndpointSlice change to the table that reflects it going live, by the change's family.",
+			[]string{"ip_family"}, func(s *service.Stats, emit func(service.Histogram, ...string)) {
+				for _, f := range fams {
+					emit(s.NetworkProgrammingLatencyByFamily.Get(f), f.String())
+				}
 			}),
-		gauge("services", "Services with at least one port in the last table.",
+		gauge(own("services"), "Services with at least one port in the last table.",
 			func(s *service.Stats) float64 { return float64(s.Services) }),
-		gauge("service_ports", "Service ports (one per IP family) in the last table.",
+		gauge(own("service_ports"), "Service ports (one per IP family) in the last table.",
 			func(s *service.Stats) float64 { return float64(s.Ports) }),
-		gauge("services_skipped", "Services or service ports left out of the last table (headless, ExternalName, SCTP, invalid); /debug/services says why.",
+		gauge(own("services_skipped"), "Services or service ports left out of the last table (headless, ExternalName, SCTP, invalid); /debug/services says why.",
 			func(s *service.Stats) float64 { return float64(s.Skipped) }),
 	}}
 }
@@ -261,9 +318,9 @@ func unixSeconds(t time.Time) float64 {
 // conntrackGroup: the connection tracking table.
 func conntrackGroup(snap func() conntrack.Stats) metricGroup {
 	return &group[conntrack.Stats]{snapshot: snap, defs: []def[conntrack.Stats]{
-		counter("ct_state_invalid_dropped_packets_total", "Packets dropped as conntrack INVALID (kube-proxy's KUBE-FORWARD drop rule).",
+		counter("kubeproxy_iptables_ct_state_invalid_dropped_packets_total", "Packets dropped as conntrack INVALID, where kube-proxy's iptables mode drops them to work around conntrack problems (its KUBE-FORWARD ctstate INVALID rule).",
 			func(s *conntrack.Stats) uint64 { return s.InvalidTotal }),
-		labeled("conntrack_invalid_packets_total", "Packets dropped as conntrack INVALID, by reason.",
+		labeled(own("conntrack_invalid_packets_total"), "Packets dropped as conntrack INVALID, by reason.",
 			prometheus.CounterValue, []string{"reason"}, func(s *conntrack.Stats, emit func(float64, ...string)) {
 				for r := conntrack.ReasonNone + 1; r < conntrack.NumReasons; r++ {
 					if !r.Unsupported() {
@@ -271,7 +328,7 @@ func conntrackGroup(snap func() conntrack.Stats) metricGroup {
 					}
 				}
 			}),
-		labeled("conntrack_unsupported_packets_total", "Packets dropped because conntrack tracks no flow of their kind (ICMP requests, ICMPv6 neighbour discovery, protocols other than TCP and UDP), by protocol; not INVALID.",
+		labeled(own("conntrack_unsupported_packets_total"), "Packets dropped because conntrack tracks no flow of their kind (ICMP requests, ICMPv6 neighbour discovery, protocols other than TCP and UDP), by protocol; not INVALID.",
 			prometheus.CounterValue, []string{"protocol"}, func(s *conntrack.Stats, emit func(float64, ...string)) {
 				for p, n := range s.Unsupported {
 					if proto := conntrack.Protocol(p); n != 0 || proto == conntrack.ICMP || proto == conntrack.ICMPv6 {
@@ -279,14 +336,14 @@ func conntrackGroup(snap func() conntrack.Stats) metricGroup {
 					}
 				}
 			}),
-		labeled("conntrack_entries", "Entries in the conntrack table.",
+		labeled(own("conntrack_entries"), "Entries in the conntrack table.",
 			prometheus.GaugeValue, []string{"protocol"}, func(s *conntrack.Stats, emit func(float64, ...string)) {
 				emit(float64(s.EntriesTCP), "tcp")
 				emit(float64(s.EntriesUDP), "udp")
 			}),
-		gauge("conntrack_max", "The bound on conntrack entries (--conntrack-max).",
+		gauge(own("conntrack_max"), "The bound on conntrack entries (--conntrack-max).",
 			func(s *conntrack.Stats) float64 { return float64(s.Max) }),
-		counter("conntrack_evictions_total", "Entries that were not ASSURED dropped early to make room for a new flow.",
+		counter(own("conntrack_evictions_total"), "Entries that were not ASSURED dropped early to make room for a new flow.",
 			func(s *conntrack.Stats) uint64 { return s.Evicted }),
 	}}
 }
@@ -294,19 +351,19 @@ func conntrackGroup(snap func() conntrack.Stats) metricGroup {
 // defragGroup: the reassembly of IP fragments ahead of conntrack.
 func defragGroup(snap func() conntrack.ReassemblyStats) metricGroup {
 	return &group[conntrack.ReassemblyStats]{snapshot: snap, defs: []def[conntrack.ReassemblyStats]{
-		counter("defrag_fragments_total", "IP fragments read from the TUN and taken for reassembly.",
+		counter(own("defrag_fragments_total"), "IP fragments read from the TUN and taken for reassembly.",
 			func(s *conntrack.ReassemblyStats) uint64 { return s.Fragments }),
-		counter("defrag_reassembled_total", "Datagrams reassembled from fragments.",
+		counter(own("defrag_reassembled_total"), "Datagrams reassembled from fragments.",
 			func(s *conntrack.ReassemblyStats) uint64 { return s.Reassembled }),
-		labeled("defrag_dropped_fragments_total", "IP fragments dropped before reassembly completed, by reason.",
+		labeled(own("defrag_dropped_fragments_total"), "IP fragments dropped before reassembly completed, by reason.",
 			prometheus.CounterValue, []string{"reason"}, func(s *conntrack.ReassemblyStats, emit func(float64, ...string)) {
 				for d := conntrack.FragmentDropNone + 1; d < conntrack.NumFragmentDrops; d++ {
 					emit(float64(s.Dropped[d]), d.String())
 				}
 			}),
-		gauge("defrag_queues", "Datagrams waiting for their missing fragments.",
+		gauge(own("defrag_queues"), "Datagrams waiting for their missing fragments.",
 			func(s *conntrack.ReassemblyStats) float64 { return float64(s.Queues) }),
-		gauge("defrag_bytes", "Memory charged to the fragments held, both IP families (each is bounded to 4 MiB).",
+		gauge(own("defrag_bytes"), "Memory charged to the fragments held, both IP families (each is bounded to 4 MiB).",
 			func(s *conntrack.ReassemblyStats) float64 { return float64(s.Bytes) }),
 	}}
 }
@@ -314,7 +371,7 @@ func defragGroup(snap func() conntrack.ReassemblyStats) metricGroup {
 // proxyGroup: new flows and the traffic spliced for them.
 func proxyGroup(snap func() proxy.Stats) metricGroup {
 	return &group[proxy.Stats]{snapshot: snap, defs: []def[proxy.Stats]{
-		labeled("flows_total", "New flows by protocol and outcome.",
+		labeled(own("flows_total"), "New flows by protocol and outcome.",
 			prometheus.CounterValue, []string{"protocol", "result"}, func(s *proxy.Stats, emit func(float64, ...string)) {
 				for pi, proto := range []string{"tcp", "udp"} {
 					for r := range s.Flows[pi] {
@@ -322,20 +379,20 @@ func proxyGroup(snap func() proxy.Stats) metricGroup {
 					}
 				}
 			}),
-		histogram("dial_duration_seconds", "Time to dial an endpoint.",
+		histogram(own("dial_duration_seconds"), "Time to dial an endpoint.",
 			func(s *proxy.Stats) ([]float64, []uint64, uint64, float64) {
 				return proxy.DialBuckets, s.DialBuckets[:], s.DialCount, s.DialSum.Seconds()
 			}),
-		labeled("spliced_bytes_total", "Payload bytes copied between clients and endpoints.",
+		labeled(own("spliced_bytes_total"), "Payload bytes copied between clients and endpoints.",
 			prometheus.CounterValue, []string{"direction"}, func(s *proxy.Stats, emit func(float64, ...string)) {
 				emit(float64(s.BytesToEndpoint), "to_endpoint")
 				emit(float64(s.BytesToClient), "to_client")
 			}),
-		counter("affinity_hits_total", "New flows whose endpoint ClientIP session affinity chose.",
+		counter(own("affinity_hits_total"), "New flows whose endpoint ClientIP session affinity chose.",
 			func(s *proxy.Stats) uint64 { return s.AffinityHits }),
-		gauge("flows_active", "Flows being proxied now.",
+		gauge(own("flows_active"), "Flows being proxied now.",
 			func(s *proxy.Stats) float64 { return float64(s.LiveFlows) }),
-		gauge("udp_sessions", "UDP flows being relayed now.",
+		gauge(own("udp_sessions"), "UDP flows being relayed now.",
 			func(s *proxy.Stats) float64 { return float64(s.UDPSessions) }),
 	}}
 }
@@ -343,37 +400,37 @@ func proxyGroup(snap func() proxy.Stats) metricGroup {
 // gateGroup: the packet gate in front of the stack.
 func gateGroup(snap func() GateStats) metricGroup {
 	return &group[GateStats]{snapshot: snap, defs: []def[GateStats]{
-		labeled("gate_packets_total", "Packets read from the TUN (in) and written to it (out).",
+		labeled(own("gate_packets_total"), "Packets read from the TUN (in) and written to it (out).",
 			prometheus.CounterValue, []string{"direction"}, func(s *GateStats, emit func(float64, ...string)) {
 				emit(float64(s.PacketsIn), "in")
 				emit(float64(s.PacketsOut), "out")
 			}),
-		labeled("gate_invalid_packets_total", "Packets the gate dropped as INVALID, by direction.",
+		labeled(own("gate_invalid_packets_total"), "Packets the gate dropped as INVALID, by direction.",
 			prometheus.CounterValue, []string{"direction"}, func(s *GateStats, emit func(float64, ...string)) {
 				emit(float64(s.InvalidIn), "in")
 				emit(float64(s.InvalidOut), "out")
 			}),
-		counter("gate_accepted_flows_total", "New flows admitted into the stack.",
+		counter(own("gate_accepted_flows_total"), "New flows admitted into the stack.",
 			func(s *GateStats) uint64 { return s.Accepted }),
-		counter("gate_rejected_flows_total", "New flows refused with an ICMP port unreachable (no service, no endpoints).",
+		counter(own("gate_rejected_flows_total"), "New flows refused with an ICMP port unreachable (no service, no endpoints).",
 			func(s *GateStats) uint64 { return s.Rejected }),
-		counter("gate_reject_rate_limited_total", "ICMP unreachables not sent because of the rate limit.",
+		counter(own("gate_reject_rate_limited_total"), "ICMP unreachables not sent because of the rate limit.",
 			func(s *GateStats) uint64 { return s.RejectRateLimited }),
-		counter("gate_dropped_flows_total", "New flows dropped silently (internalTrafficPolicy Local without a local endpoint).",
+		counter(own("gate_dropped_flows_total"), "New flows dropped silently (internalTrafficPolicy Local without a local endpoint).",
 			func(s *GateStats) uint64 { return s.Dropped }),
-		counter("gate_table_full_total", "New flows refused because the conntrack table was full.",
+		counter(own("gate_table_full_total"), "New flows refused because the conntrack table was full.",
 			func(s *GateStats) uint64 { return s.TableFull }),
-		counter("gate_in_flight_limited_total", "TCP SYNs dropped by the limit on handshakes in flight.",
+		counter(own("gate_in_flight_limited_total"), "TCP SYNs dropped by the limit on handshakes in flight.",
 			func(s *GateStats) uint64 { return s.InFlightLimited }),
-		gauge("gate_tcp_handshakes_in_flight", "TCP handshakes waiting for the proxy to dial the endpoint.",
+		gauge(own("gate_tcp_handshakes_in_flight"), "TCP handshakes waiting for the proxy to dial the endpoint.",
 			func(s *GateStats) float64 { return float64(s.TCPInFlight) }),
-		counter("gate_oversized_packets_total", "Packets dropped for being larger than 64 KiB.",
+		counter(own("gate_oversized_packets_total"), "Packets dropped for being larger than 64 KiB.",
 			func(s *GateStats) uint64 { return s.Oversized }),
-		counter("gate_handler_panics_total", "Flow handler panics the stack recovered from.",
+		counter(own("gate_handler_panics_total"), "Flow handler panics the stack recovered from.",
 			func(s *GateStats) uint64 { return s.HandlerPanics }),
-		counter("gate_handshakes_aborted_total", "TCP handshakes aborted because the client did not complete them in time.",
+		counter(own("gate_handshakes_aborted_total"), "TCP handshakes aborted because the client did not complete them in time.",
 			func(s *GateStats) uint64 { return s.HandshakesAborted }),
-		labeled("gate_reset_after_entry_packets_total", "Packets of TCP flows ended after their conntrack entry was gone (flush, expiry) let through so that the client gets its RST: RSTs out, and client segments in for the stack to answer with one.",
+		labeled(own("gate_reset_after_entry_packets_total"), "Packets of TCP flows ended after their conntrack entry was gone (flush, expiry) let through so that the client gets its RST: RSTs out, and client segments in for the stack to answer with one.",
 			prometheus.CounterValue, []string{"direction"}, func(s *GateStats, emit func(float64, ...string)) {
 				emit(float64(s.SegmentsAfterEntry), "in")
 				emit(float64(s.ResetsAfterEntry), "out")
@@ -384,19 +441,19 @@ func gateGroup(snap func() GateStats) metricGroup {
 // dnsGroup: the cluster DNS responder.
 func dnsGroup(snap func() clusterdns.Stats) metricGroup {
 	return &group[clusterdns.Stats]{snapshot: snap, defs: []def[clusterdns.Stats]{
-		labeled("dns_queries_total", "Cluster DNS queries answered, by query type and response code.",
+		labeled(own("dns_queries_total"), "Cluster DNS queries answered, by query type and response code.",
 			prometheus.CounterValue, []string{"type", "rcode"}, func(s *clusterdns.Stats, emit func(float64, ...string)) {
 				for _, q := range s.Queries {
 					emit(float64(q.N), q.Type, q.Rcode)
 				}
 			}),
-		counter("dns_dropped_total", "Cluster DNS messages left unanswered (responses, messages shorter than a header).",
+		counter(own("dns_dropped_total"), "Cluster DNS messages left unanswered (responses, messages shorter than a header).",
 			func(s *clusterdns.Stats) uint64 { return s.Dropped }),
-		counter("dns_truncated_total", "Cluster DNS replies sent over UDP with the TC bit (the client retries over TCP).",
+		counter(own("dns_truncated_total"), "Cluster DNS replies sent over UDP with the TC bit (the client retries over TCP).",
 			func(s *clusterdns.Stats) uint64 { return s.Truncated }),
-		counter("dns_forwarded_total", "Queries outside the cluster domain sent to --dns-upstream.",
+		counter(own("dns_forwarded_total"), "Queries outside the cluster domain sent to --dns-upstream.",
 			func(s *clusterdns.Stats) uint64 { return s.Forwarded }),
-		counter("dns_upstream_errors_total", "Forwarded queries the upstream server did not answer in time (answered SERVFAIL).",
+		counter(own("dns_upstream_errors_total"), "Forwarded queries the upstream server did not answer in time (answered SERVFAIL).",
 			func(s *clusterdns.Stats) uint64 { return s.UpstreamErrors }),
 	}}
 }

@@ -101,8 +101,18 @@ func fakeSources() admin.Sources {
 		NetworkProgrammingLatency: service.Histogram{
 			Bounds: []float64{0.25, 0.5}, Buckets: []uint64{0, 1}, Count: 1, Sum: 0.3,
 		},
+		NetworkProgrammingLatencyByFamily: service.PerFamily[service.Histogram]{
+			IPv4: service.Histogram{Bounds: []float64{0.25, 0.5}, Buckets: []uint64{0, 1}, Count: 1, Sum: 0.3},
+			IPv6: service.Histogram{Bounds: []float64{0.25, 0.5}, Buckets: []uint64{0, 0}},
+		},
 		NoLocalEndpoints: service.NoLocalEndpointsCount{Internal: 1, External: 2},
-		Services:         3, Ports: 4, Skipped: 1,
+		NoLocalEndpointsByFamily: service.PerFamily[service.NoLocalEndpointsCount]{
+			IPv4: service.NoLocalEndpointsCount{Internal: 1, External: 1},
+			IPv6: service.NoLocalEndpointsCount{External: 1},
+		},
+		ServiceChangesPending: 1, EndpointChangesPending: 2,
+		LastQueuedTime: time.Unix(1735689601, 0),
+		Services:       3, Ports: 4, Skipped: 1,
 	}
 	return admin.Sources{
 		Conntrack:   fakeConntrack{ct},
@@ -138,7 +148,7 @@ func TestMetricsExposition(t *testing.T) {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
 	for _, line := range []string{
-		"userproxy_ct_state_invalid_dropped_packets_total 3",
+		"kubeproxy_iptables_ct_state_invalid_dropped_packets_total 3",
 		`userproxy_conntrack_invalid_packets_total{reason="no_entry_not_syn"} 2`,
 		`userproxy_conntrack_invalid_packets_total{reason="bad_checksum"} 1`,
 		`userproxy_conntrack_invalid_packets_total{reason="out_of_window"} 0`,
@@ -173,16 +183,23 @@ func TestMetricsExposition(t *testing.T) {
 		`userproxy_dial_duration_seconds_bucket{le="+Inf"} 3`,
 		"userproxy_dial_duration_seconds_sum 0.0015",
 		"userproxy_dial_duration_seconds_count 3",
-		`userproxy_sync_proxy_rules_duration_seconds_bucket{le="0.001"} 1`,
-		`userproxy_sync_proxy_rules_duration_seconds_bucket{le="0.002"} 2`,
-		"userproxy_sync_proxy_rules_duration_seconds_sum 0.0025",
-		"userproxy_sync_proxy_rules_last_timestamp_seconds 1.7356896005e+09",
-		"userproxy_sync_proxy_rules_endpoint_changes_total 9",
-		"userproxy_sync_proxy_rules_service_changes_total 8",
-		`userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 1`,
-		`userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 2`,
-		`userproxy_network_programming_duration_seconds_bucket{le="0.5"} 1`,
-		"userproxy_network_programming_duration_seconds_count 1",
+		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.001"} 1`,
+		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="0.002"} 2`,
+		`kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="IPv4"} 0.0025`,
+		`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.7356896005e+09`,
+		`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"} 1.7356896005e+09`,
+		`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv6"} 1.735689601e+09`,
+		"kubeproxy_sync_proxy_rules_endpoint_changes_total 9",
+		"kubeproxy_sync_proxy_rules_service_changes_total 8",
+		"kubeproxy_sync_proxy_rules_endpoint_changes_pending 2",
+		"kubeproxy_sync_proxy_rules_service_changes_pending 1",
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"} 1`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"} 1`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_policy="internal"} 0`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_policy="external"} 1`,
+		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="0.5"} 1`,
+		`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"} 1`,
+		`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv6"} 0`,
 		"userproxy_services 3",
 		"userproxy_service_ports 4",
 		"userproxy_services_skipped 1",
@@ -218,16 +235,18 @@ func TestMetricsExposition(t *testing.T) {
 func TestMetricsTypes(t *testing.T) {
 	c := admin.NewCollector(fakeSources())
 	want := `
-# HELP userproxy_ct_state_invalid_dropped_packets_total Packets dropped as conntrack INVALID (kube-proxy's KUBE-FORWARD drop rule).
-# TYPE userproxy_ct_state_invalid_dropped_packets_total counter
-userproxy_ct_state_invalid_dropped_packets_total 3
-# HELP userproxy_sync_proxy_rules_no_local_endpoints_total Service ports with a Local traffic policy and no local endpoint, in the last table.
-# TYPE userproxy_sync_proxy_rules_no_local_endpoints_total gauge
-userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 2
-userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 1
+# HELP kubeproxy_iptables_ct_state_invalid_dropped_packets_total Packets dropped as conntrack INVALID, where kube-proxy's iptables mode drops them to work around conntrack problems (its KUBE-FORWARD ctstate INVALID rule).
+# TYPE kubeproxy_iptables_ct_state_invalid_dropped_packets_total counter
+kubeproxy_iptables_ct_state_invalid_dropped_packets_total 3
+# HELP kubeproxy_sync_proxy_rules_no_local_endpoints_total Number of services with a Local traffic policy and no endpoints: service ports, per policy and family, in the last table.
+# TYPE kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge
+kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"} 1
+kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"} 1
+kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_policy="external"} 1
+kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_policy="internal"} 0
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want),
-		"userproxy_ct_state_invalid_dropped_packets_total", "userproxy_sync_proxy_rules_no_local_endpoints_total"); err != nil {
+		"kubeproxy_iptables_ct_state_invalid_dropped_packets_total", "kubeproxy_sync_proxy_rules_no_local_endpoints_total"); err != nil {
 		t.Error(err)
 	}
 	// promlint: the only complaint is kube-proxy's gauge named _total.
@@ -236,9 +255,24 @@ userproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 1
 		t.Fatal(err)
 	}
 	for _, p := range problems {
-		if p.Metric != "userproxy_sync_proxy_rules_no_local_endpoints_total" {
+		if p.Metric != "kubeproxy_sync_proxy_rules_no_local_endpoints_total" {
 			t.Errorf("lint: %s: %s", p.Metric, p.Text)
 		}
+	}
+}
+
+// TestMetricsFamilies: Sources.Families picks the ip_family values.
+func TestMetricsFamilies(t *testing.T) {
+	src := fakeSources()
+	src.Families = []service.Family{service.IPv6}
+	want := `
+# HELP kubeproxy_sync_proxy_rules_last_timestamp_seconds The last time proxy rules were successfully synced: when the last service table went live, in seconds since the epoch; 0 before the first.
+# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"} 1.7356896005e+09
+`
+	if err := testutil.CollectAndCompare(admin.NewCollector(src), strings.NewReader(want),
+		"kubeproxy_sync_proxy_rules_last_timestamp_seconds"); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -256,10 +290,10 @@ func TestMetricsNilSources(t *testing.T) {
 	if n := testutil.CollectAndCount(admin.NewCollector(src), "userproxy_flows_total"); n != 0 {
 		t.Errorf("flows_total without a proxy source: %d series", n)
 	}
-	want := "# HELP userproxy_ct_state_invalid_dropped_packets_total Packets dropped as conntrack INVALID (kube-proxy's KUBE-FORWARD drop rule).\n" +
-		"# TYPE userproxy_ct_state_invalid_dropped_packets_total counter\n" +
-		"userproxy_ct_state_invalid_dropped_packets_total 3\n"
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "userproxy_ct_state_invalid_dropped_packets_total"); err != nil {
+	want := "# HELP kubeproxy_iptables_ct_state_invalid_dropped_packets_total Packets dropped as conntrack INVALID, where kube-proxy's iptables mode drops them to work around conntrack problems (its KUBE-FORWARD ctstate INVALID rule).\n" +
+		"# TYPE kubeproxy_iptables_ct_state_invalid_dropped_packets_total counter\n" +
+		"kubeproxy_iptables_ct_state_invalid_dropped_packets_total 3\n"
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kubeproxy_iptables_ct_state_invalid_dropped_packets_total"); err != nil {
 		t.Error(err)
 	}
 	// Registering the same names twice is refused.

@@ -95,7 +95,7 @@
 //     an Unsupported reason: no service IP answers pings, with kube-proxy
 //     either. They are not INVALID: Stats counts them in Unsupported by
 //     protocol, outside InvalidTotal, which keeps the meaning of kube-proxy's
-//     ct_state_invalid_dropped_packets_total. Messages the kernel finds
+//     kubeproxy_iptables_ct_state_invalid_dropped_packets_total. Messages the kernel finds
 //     INVALID without an ICMP flow (replies, unknown types) are INVALID here
 //     (icmp_no_flow). ICMP errors must quote a packet of a tracked flow
 //     travelling the other way; the kernel matches either direction.

@@ -340,7 +340,7 @@ func TestBinaryRun(t *testing.T) {
 	deadline = time.Now().Add(5 * time.Second)
 	for {
 		_, body, _ := b.get("/metrics")
-		if strings.Contains(body, want) && metricValue(body, "userproxy_ct_state_invalid_dropped_packets_total") >= 1 {
+		if strings.Contains(body, want) && metricValue(body, "kubeproxy_iptables_ct_state_invalid_dropped_packets_total") >= 1 {
 			break
 		}
 		if time.Now().After(deadline) {

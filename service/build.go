@@ -90,7 +90,7 @@ func (t *Tracker) buildLocked(start time.Time) (tbl *Table, ch Changes, ok bool)
 	b := newTableBuilder(t.current.Load(), len(names))
 	ch.Ports = make([]PortChange, 0, len(names))
 	skippedChanged := false
-	var triggers []time.Time
+	var triggers []trigger
 	states := make([]*svcState, len(names))
 	for i, name := range names {
 		states[i] = t.services[name]
@@ -98,7 +98,7 @@ func (t *Tracker) buildLocked(start time.Time) (tbl *Table, ch Changes, ok bool)
 	fresh := t.computePorts(states)
 	for i, name := range names {
 		st := states[i]
-		st.dirty = false
+		st.dirty, st.serviceChanged, st.slicesChanged = false, false, false
 		triggers = append(triggers, st.triggers...)
 		st.triggers = nil
 		if t.applyService(b, &ch, name, st, fresh[i]) {
@@ -129,16 +129,25 @@ func (t *Tracker) buildLocked(start time.Time) (tbl *Table, ch Changes, ok bool)
 	t.published = true
 
 	for _, tr := range triggers {
-		d := max(end.Sub(tr), 0)
+		d := max(end.Sub(tr.at), 0)
 		ch.NetworkProgrammingLatencies = append(ch.NetworkProgrammingLatencies, d)
 		t.programmingHist.observe(d)
+		for _, f := range [...]Family{IPv4, IPv6} {
+			if tr.fams&familySetOf(f) != 0 {
+				t.programmingFam.at(f).observe(d)
+			}
+		}
 	}
 	dur := end.Sub(start)
 	t.syncHist.observe(dur)
 	t.stats.Syncs++
 	t.stats.LastSyncDuration = dur
 	t.stats.LastSyncTime = end
-	t.stats.NoLocalEndpoints = t.noLocal
+	t.stats.NoLocalEndpointsByFamily = t.noLocal
+	t.stats.NoLocalEndpoints = NoLocalEndpointsCount{
+		Internal: t.noLocal.IPv4.Internal + t.noLocal.IPv6.Internal,
+		External: t.noLocal.IPv4.External + t.noLocal.IPv6.External,
+	}
 	t.stats.Services = tbl.nServices
 	t.stats.Ports = tbl.nPorts
 	t.stats.Skipped = len(tbl.skipped)
@@ -226,8 +235,8 @@ func (t *Tracker) applyService(b *tableBuilder, ch *Changes, name ServiceName, s
 	if !slices.Equal(old, fresh) {
 		b.setService(name, fresh)
 	}
-	t.noLocal.add(countNoLocal(fresh), 1)
-	t.noLocal.add(countNoLocal(old), -1)
+	addNoLocal(&t.noLocal, countNoLocal(fresh), 1)
+	addNoLocal(&t.noLocal, countNoLocal(old), -1)
 
 	switch {
 	case len(old) == 0 && len(fresh) > 0:
@@ -254,25 +263,30 @@ func (t *Tracker) applyService(b *tableBuilder, ch *Changes, name ServiceName, s
 // countNoLocal counts the ports of ps that drop for want of a local
 // endpoint, per traffic policy: kube-proxy's
 // serviceNoLocalEndpointsTotalInternal and ...External (proxier.go
-// syncProxyRules), one per service port and family. A port without
-// external destination is not counted for the external policy (see
-// NoLocalEndpointsCount).
-func countNoLocal(ps []*Port) NoLocalEndpointsCount {
-	var n NoLocalEndpointsCount
+// syncProxyRules), one per service port and family, counted under the
+// port's family (each of kube-proxy's proxiers counts its own). A port
+// without external destination is not counted for the external policy
+// (see NoLocalEndpointsCount).
+func countNoLocal(ps []*Port) PerFamily[NoLocalEndpointsCount] {
+	var n PerFamily[NoLocalEndpointsCount]
 	for _, p := range ps {
+		c := n.at(p.Family)
 		if p.Verdict == NoLocalEndpoints {
-			n.Internal++
+			c.Internal++
 		}
 		if p.ExternalVerdict == NoLocalEndpoints {
-			n.External++
+			c.External++
 		}
 	}
 	return n
 }
 
-func (n *NoLocalEndpointsCount) add(o NoLocalEndpointsCount, sign int) {
-	n.Internal += sign * o.Internal
-	n.External += sign * o.External
+func addNoLocal(n *PerFamily[NoLocalEndpointsCount], o PerFamily[NoLocalEndpointsCount], sign int) {
+	for _, f := range [...]Family{IPv4, IPv6} {
+		c, d := n.at(f), o.at(f)
+		c.Internal += sign * d.Internal
+		c.External += sign * d.External
+	}
 }
 
 // claim makes p answer each of its lookup keys (portKeys), unless a Port

@@ -103,8 +103,10 @@ func (t *Tracker) setService(svc *v1.Service, remove bool) {
 		t.mu.Unlock()
 		return
 	}
+	fams := clusterIPFamilies(st.info) | clusterIPFamilies(info)
 	st.info = info
-	t.markDirty(name, st, now)
+	st.serviceChanged = true
+	t.markDirty(name, st, now, now, fams)
 	t.mu.Unlock()
 	t.kick()
 }
@@ -142,6 +144,7 @@ func (t *Tracker) setSlice(es *discoveryv1.EndpointSlice, remove bool) {
 		t.mu.Unlock()
 		return
 	case remove:
+		info = st.slices[i]
 		st.slices = slices.Delete(st.slices, i, i+1)
 	case had && reflect.DeepEqual(st.slices[i], info):
 		t.mu.Unlock()
@@ -152,11 +155,13 @@ func (t *Tracker) setSlice(es *discoveryv1.EndpointSlice, remove bool) {
 		} else {
 			st.slices = slices.Insert(st.slices, i, info)
 		}
-		if tt := triggerTime(es); !tt.IsZero() && !tt.Before(t.start) {
-			now = tt
-		}
 	}
-	t.markDirty(name, st, now)
+	changed := now
+	if tt := triggerTime(es); !remove && !tt.IsZero() && !tt.Before(t.start) {
+		changed = tt
+	}
+	st.slicesChanged = true
+	t.markDirty(name, st, now, changed, familySetOf(info.family))
 	t.mu.Unlock()
 	t.kick()
 }
@@ -164,17 +169,30 @@ func (t *Tracker) setSlice(es *discoveryv1.EndpointSlice, remove bool) {
 // maxTriggers bounds the latency samples kept per service between builds.
 const maxTriggers = 64
 
-// markDirty queues a service for the next build, with the time of the
-// change for the latency metric. Called with mu held.
-func (t *Tracker) markDirty(name ServiceName, st *svcState, changed time.Time) {
+// markDirty queues a service for the next build at now, with the time of
+// the change and its families for the latency metric. Called with mu held.
+func (t *Tracker) markDirty(name ServiceName, st *svcState, now, changed time.Time, fams familySet) {
 	if !st.dirty {
 		st.dirty = true
 		t.dirty = append(t.dirty, name)
 	}
 	if t.published && t.oldestPending.IsZero() {
-		t.oldestPending = t.clock.Now()
+		t.oldestPending = now
 	}
+	t.stats.LastQueuedTime = now
 	if t.published && len(st.triggers) < maxTriggers {
-		st.triggers = append(st.triggers, changed)
+		st.triggers = append(st.triggers, trigger{changed, fams})
 	}
+}
+
+// clusterIPFamilies returns the families of info's ClusterIPs (none for
+// nil).
+func clusterIPFamilies(info *svcInfo) familySet {
+	var fams familySet
+	if info != nil {
+		for _, ip := range info.clusterIPs {
+			fams |= familySetOf(familyOf(ip))
+		}
+	}
+	return fams
 }

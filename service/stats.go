@@ -31,10 +31,23 @@ type Stats struct {
 	// table: kube-proxy's QueuedUpdate, which its proxier starts calling
 	// once initialized (pkg/proxy/healthcheck/proxy_health.go).
 	OldestPending time.Time
+	// ServiceChangesPending and EndpointChangesPending split PendingChanges
+	// by what changed, as kube-proxy's two change trackers do
+	// (sync_proxy_rules_service_changes_pending, ..._endpoint_changes_pending:
+	// services with a pending Service change, and services with a pending
+	// EndpointSlice change). A service with both is in both.
+	ServiceChangesPending, EndpointChangesPending int
+	// LastQueuedTime is when a change last queued a build
+	// (sync_proxy_rules_last_queued_timestamp_seconds); zero before the
+	// first.
+	LastQueuedTime time.Time
 	// NoLocalEndpoints counts, in the last table, the service ports whose
 	// traffic policy is Local and that have no local endpoint
 	// (sync_proxy_rules_no_local_endpoints_total{traffic_policy}).
 	NoLocalEndpoints NoLocalEndpointsCount
+	// NoLocalEndpointsByFamily splits NoLocalEndpoints by the family of the
+	// service port (kube-proxy's label ip_family: one proxier per family).
+	NoLocalEndpointsByFamily PerFamily[NoLocalEndpointsCount]
 	// NetworkProgrammingLatency is the distribution of the time from an
 	// object's change to the table that reflects it going live
 	// (network_programming_duration_seconds). The change time is the
@@ -42,6 +55,14 @@ type Stats struct {
 	// annotation when it has one, else the time the Tracker received the
 	// event. Changes received before the first table are not measured.
 	NetworkProgrammingLatency Histogram
+	// NetworkProgrammingLatencyByFamily splits NetworkProgrammingLatency by
+	// the family of the change (kube-proxy's label ip_family, where each
+	// family's proxier measures the slices of its address type): an
+	// EndpointSlice change counts for its address type; a Service change
+	// for each family of its ClusterIPs, before and after the change (a
+	// dual-stack service's change is one sample of each family). A change
+	// with no family (a service without ClusterIP) is in neither.
+	NetworkProgrammingLatencyByFamily PerFamily[Histogram]
 	// Services, Ports and Skipped describe the last table.
 	Services, Ports, Skipped int
 }
@@ -60,6 +81,40 @@ type NoLocalEndpointsCount struct {
 	External int
 }
 
+// PerFamily holds one value per IP family.
+type PerFamily[T any] struct{ IPv4, IPv6 T }
+
+// Get returns f's value; any family but IPv6 is IPv4's.
+func (p *PerFamily[T]) Get(f Family) T {
+	if f == IPv6 {
+		return p.IPv6
+	}
+	return p.IPv4
+}
+
+// at returns a pointer to f's value, as Get.
+func (p *PerFamily[T]) at(f Family) *T {
+	if f == IPv6 {
+		return &p.IPv6
+	}
+	return &p.IPv4
+}
+
+// familySet is a set of IP families.
+type familySet uint8
+
+const (
+	setIPv4 familySet = 1 << iota
+	setIPv6
+)
+
+func familySetOf(f Family) familySet {
+	if f == IPv6 {
+		return setIPv6
+	}
+	return setIPv4
+}
+
 // Histogram is a cumulative histogram in seconds, in the shape of a
 // Prometheus histogram: Buckets[i] counts the observations <= Bounds[i].
 type Histogram struct {
@@ -73,8 +128,10 @@ type Histogram struct {
 var (
 	// SyncDurationBounds: ExponentialBuckets(0.001, 2, 15).
 	SyncDurationBounds = exponentialBounds(0.001, 2, 15)
-	// NetworkProgrammingBounds: 0.25 and 0.5, then 1 to 59 by 1, 60 to 115
-	// by 5, 120 to 300 by 30.
+	// NetworkProgrammingBounds: 0, 0.25 and 0.5, then 1 to 59 by 1, 60 to
+	// 115 by 5, 120 to 300 by 30 — 81 bounds. The leading 0 is kube-proxy's
+	// too: component-base's MergeBuckets, which builds them, starts from a
+	// one-element slice holding 0.
 	NetworkProgrammingBounds = networkProgrammingBounds()
 )
 
@@ -88,7 +145,7 @@ func exponentialBounds(start, factor float64, n int) []float64 {
 }
 
 func networkProgrammingBounds() []float64 {
-	b := []float64{0.25, 0.5}
+	b := []float64{0, 0.25, 0.5}
 	for v := 1; v <= 59; v++ {
 		b = append(b, float64(v))
 	}

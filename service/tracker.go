@@ -105,18 +105,21 @@ type Tracker struct {
 	ptrWaiting map[netip.Addr][]ServiceName
 	nsRefs     map[string]int
 	skipped    map[ServiceName][]Skipped
-	noLocal    NoLocalEndpointsCount
+	noLocal    PerFamily[NoLocalEndpointsCount]
 	scratch    scratch
 
 	stats           Stats
 	syncHist        histogram
 	programmingHist histogram
+	programmingFam  PerFamily[histogram]
 }
 
 type svcState struct {
-	// dirty is true while the service is listed in Tracker.dirty.
-	dirty bool
-	info  *svcInfo
+	// dirty is true while the service is listed in Tracker.dirty;
+	// serviceChanged and slicesChanged say what changed since the last
+	// build (Stats.ServiceChangesPending, EndpointChangesPending).
+	dirty, serviceChanged, slicesChanged bool
+	info                                 *svcInfo
 	// slices are sorted by name.
 	slices []*sliceInfo
 	// As applied to the current table:
@@ -125,7 +128,14 @@ type svcState struct {
 	extIPs   []netip.Addr
 	skipped  []Skipped
 	dns      *DNSService
-	triggers []time.Time
+	triggers []trigger
+}
+
+// trigger is a change waiting for a table: when it happened and the
+// families it concerns (the latency metric's samples).
+type trigger struct {
+	at   time.Time
+	fams familySet
 }
 
 // NewTracker returns a Tracker. It publishes nothing until OnSynced.
@@ -151,6 +161,9 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		skipped:         make(map[ServiceName][]Skipped),
 		syncHist:        newHistogram(SyncDurationBounds),
 		programmingHist: newHistogram(NetworkProgrammingBounds),
+		programmingFam: PerFamily[histogram]{
+			IPv4: newHistogram(NetworkProgrammingBounds), IPv6: newHistogram(NetworkProgrammingBounds),
+		},
 	}
 	return t, nil
 }
@@ -165,8 +178,17 @@ func (t *Tracker) Stats() Stats {
 	s := t.stats
 	s.PendingChanges = len(t.dirty)
 	s.OldestPending = t.oldestPending
+	for _, name := range t.dirty {
+		if st := t.services[name]; st != nil {
+			s.ServiceChangesPending += b2i(st.serviceChanged)
+			s.EndpointChangesPending += b2i(st.slicesChanged)
+		}
+	}
 	s.SyncDuration = t.syncHist.snapshot()
 	s.NetworkProgrammingLatency = t.programmingHist.snapshot()
+	s.NetworkProgrammingLatencyByFamily = PerFamily[Histogram]{
+		IPv4: t.programmingFam.IPv4.snapshot(), IPv6: t.programmingFam.IPv6.snapshot(),
+	}
 	return s
 }
 
@@ -182,7 +204,14 @@ func (t *Tracker) SetZone(zone string) {
 	t.node.zone = zone
 	now := t.clock.Now()
 	for name, st := range t.services {
-		t.markDirty(name, st, now)
+		// Not an object change: no latency sample, but a pending change.
+		if !st.dirty {
+			st.dirty = true
+			t.dirty = append(t.dirty, name)
+		}
+	}
+	if t.published && t.oldestPending.IsZero() && len(t.dirty) > 0 {
+		t.oldestPending = now
 	}
 	t.mu.Unlock()
 	t.kick()
@@ -193,6 +222,13 @@ func (t *Tracker) Zone() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.node.zone
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Close stops a pending build timer; no table is built after it returns

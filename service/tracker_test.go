@@ -757,6 +757,100 @@ func TestTrackerSchedulerAnnotation(t *testing.T) {
 	}
 }
 
+// TestTrackerStatsPerFamily: the inputs of kube-proxy's ip_family labels
+// (pkg/proxy/metrics/metrics.go: network_programming_duration_seconds and
+// sync_proxy_rules_no_local_endpoints_total carry ip_family) and of its two
+// pending gauges (sync_proxy_rules_service_changes_pending and
+// ..._endpoint_changes_pending).
+func TestTrackerStatsPerFamily(t *testing.T) {
+	clk := service.NewManualClock(epoch)
+	tr, err := service.NewTracker(service.Config{NodeName: "node1", Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	dual := svc("ns1/dual", "10.96.0.30,fd00::30", ports(tcp("http", 80, intstr.FromInt32(80))), itpLocal)
+	tr.OnServiceAdd(dual)
+	tr.OnEndpointSliceAdd(slice("ns1/dual-v6", "dual", discoveryv1.AddressTypeIPv6,
+		eports(eport("http", v1.ProtocolTCP, 80)), ep("fd00::9", onNode("node1"))))
+	tr.OnEndpointSliceAdd(slice("ns1/dual-v4", "dual", discoveryv1.AddressTypeIPv4,
+		eports(eport("http", v1.ProtocolTCP, 80)), ep("10.0.0.9", onNode("node2"))))
+	tr.OnEndpointSliceAdd(webEndpoints("web-1", "10.0.0.1"))
+	// Before the first table: one service with a Service change, two with
+	// an EndpointSlice change.
+	if s := tr.Stats(); s.ServiceChangesPending != 1 || s.EndpointChangesPending != 2 || s.PendingChanges != 2 {
+		t.Errorf("pending: service %d endpoints %d all %d, want 1, 2, 2", s.ServiceChangesPending, s.EndpointChangesPending, s.PendingChanges)
+	}
+	if s := tr.Stats(); !s.LastQueuedTime.Equal(epoch) {
+		t.Errorf("LastQueuedTime = %v, want %v", s.LastQueuedTime, epoch)
+	}
+	tr.OnSynced()
+
+	st := tr.Stats()
+	if st.ServiceChangesPending != 0 || st.EndpointChangesPending != 0 {
+		t.Errorf("pending after the table: %d, %d", st.ServiceChangesPending, st.EndpointChangesPending)
+	}
+	// The IPv4 port has no local endpoint, the IPv6 one has.
+	want := service.PerFamily[service.NoLocalEndpointsCount]{IPv4: service.NoLocalEndpointsCount{Internal: 1}}
+	if diff := cmp.Diff(want, st.NoLocalEndpointsByFamily); diff != "" {
+		t.Errorf("NoLocalEndpointsByFamily (-want +got):\n%s", diff)
+	}
+	if st.NoLocalEndpoints != (service.NoLocalEndpointsCount{Internal: 1}) {
+		t.Errorf("NoLocalEndpoints = %+v", st.NoLocalEndpoints)
+	}
+
+	// An IPv6 slice change at t=1s, then a change of the dual-stack Service
+	// at t=2s, each live at once.
+	clk.Advance(time.Second)
+	tr.OnEndpointSliceAdd(slice("ns1/dual-v6b", "dual", discoveryv1.AddressTypeIPv6,
+		eports(eport("http", v1.ProtocolTCP, 80)), ep("fd00::10", onNode("node1"))))
+	clk.Advance(time.Second)
+	changed := dual.DeepCopy()
+	changed.Spec.Ports[0].Port = 81
+	tr.OnServiceUpdate(dual, changed)
+	if s := tr.Stats(); !s.LastQueuedTime.Equal(epoch.Add(2 * time.Second)) {
+		t.Errorf("LastQueuedTime = %v, want t=2s", s.LastQueuedTime)
+	}
+	clk.Advance(time.Second)
+	st = tr.Stats()
+	v4, v6 := st.NetworkProgrammingLatencyByFamily.IPv4, st.NetworkProgrammingLatencyByFamily.IPv6
+	if v4.Count != 1 || v4.Sum != 0 || v6.Count != 2 || v6.Sum != 0 {
+		// Without MinSyncPeriod each change builds at once: 0 s each.
+		t.Errorf("per family: IPv4 count %d sum %v, IPv6 count %d sum %v; want 1/0 and 2/0", v4.Count, v4.Sum, v6.Count, v6.Sum)
+	}
+	if h := st.NetworkProgrammingLatency; h.Count != 2 {
+		t.Errorf("all families: count %d, want 2 (each change once)", h.Count)
+	}
+	if got := st.NetworkProgrammingLatencyByFamily.Get(service.IPv6); got.Count != 2 {
+		t.Errorf("Get(IPv6).Count = %d", got.Count)
+	}
+}
+
+// TestTrackerHistogramBoundsKubeProxy: the bounds are those of kube-proxy's
+// pkg/proxy/metrics/metrics.go, built as component-base builds them
+// (ExponentialBuckets; MergeBuckets of LinearBuckets, with its leading 0).
+func TestTrackerHistogramBoundsKubeProxy(t *testing.T) {
+	var sync []float64
+	for i, b := 0, 0.001; i < 15; i, b = i+1, b*2 {
+		sync = append(sync, b)
+	}
+	if diff := cmp.Diff(sync, service.SyncDurationBounds); diff != "" {
+		t.Errorf("SyncDurationBounds (-kube-proxy +ours):\n%s", diff)
+	}
+	programming := []float64{0} // MergeBuckets' first element
+	for _, lin := range []struct {
+		start, width float64
+		n            int
+	}{{0.25, 0.25, 2}, {1, 1, 59}, {60, 5, 12}, {120, 30, 7}} {
+		for i := 0; i < lin.n; i++ {
+			programming = append(programming, lin.start+float64(i)*lin.width)
+		}
+	}
+	if diff := cmp.Diff(programming, service.NetworkProgrammingBounds); diff != "" {
+		t.Errorf("NetworkProgrammingBounds (-kube-proxy +ours):\n%s", diff)
+	}
+}
+
 // TestTrackerOldestPending: the time the oldest change not yet in a table
 // arrived, as kube-proxy's QueuedUpdate records it: not before the first
 // table (its proxier starts calling it once initialized), then from the

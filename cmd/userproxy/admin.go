@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,24 @@ type adminDeps struct {
 	dns       *clusterdns.Responder // nil with --dns=false
 	notes     func() []string       // /healthz notes
 	nodePorts *proxy.NodePorts
+	rest      *restClientMetrics // client-go's; nil without a cluster source
+	families  []service.Family   // served: the ip_family label's values
+}
+
+// servedFamilies returns the families of the service CIDRs, IPv4 first.
+func servedFamilies(cidrs []netip.Prefix) []service.Family {
+	var v4, v6 bool
+	for _, p := range cidrs {
+		v4, v6 = v4 || p.Addr().Is4(), v6 || !p.Addr().Is4()
+	}
+	var fams []service.Family
+	if v4 {
+		fams = append(fams, service.IPv4)
+	}
+	if v6 {
+		fams = append(fams, service.IPv6)
+	}
+	return fams
 }
 
 // startAdmin serves the admin endpoints on addr until ctx ends; the returned
@@ -46,6 +65,12 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 		Proxy:     d.px,
 		Tracker:   d.tracker,
 		Gate:      func() admin.GateStats { return admin.GateStats(d.st.Stats()) },
+		Families:  d.families,
+	}
+	if d.rest != nil {
+		if err := d.rest.register(reg); err != nil {
+			return nil, fmt.Errorf("admin: registering the REST client metrics: %w", err)
+		}
 	}
 	if np := d.nodePorts; np != nil {
 		sources.NodePorts = func() admin.NodePortStats { return admin.NodePortStats{Open: np.Listening(), Failed: len(np.Failed())} }

@@ -271,6 +271,14 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 
 	// 3. The source. A bad config at start is fatal, with file, document
 	// and field named.
+	// client-go's request metrics, for the admin server's registry: set up
+	// before the source so that its first requests count.
+	var rest *restClientMetrics
+	if f.config == "" {
+		rest = newRESTClientMetrics()
+		useRESTClientMetrics(rest)
+		defer useRESTClientMetrics(nil)
+	}
 	src, err := newSource(f, tracker, logger)
 	if err != nil {
 		return err
@@ -315,6 +323,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	// 6. The admin server.
 	if f.adminAddr != "" {
 		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts,
+			rest: rest, families: servedFamilies(f.serviceCIDRs.values),
 			rules: rulesOptions(f, npAddrs),
 			notes: func() []string { return append(ext.notes(), nodePorts.Failed()...) }}, logger.Named("admin"))
 		if err != nil {

@@ -341,8 +341,8 @@ func printMetrics(w *nsWorker) error {
 	if err != nil {
 		return fmt.Errorf("fetching /metrics: %w", err)
 	}
-	want := []string{"userproxy_flows_total", "userproxy_conntrack_entries", "userproxy_ct_state_invalid_dropped_packets_total",
-		"userproxy_sync_proxy_rules_last_timestamp_seconds", "userproxy_spliced_bytes_total"}
+	want := []string{"userproxy_flows_total", "userproxy_conntrack_entries", "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
+		"kubeproxy_sync_proxy_rules_last_timestamp_seconds", "userproxy_spliced_bytes_total"}
 	sc := bufio.NewScanner(strings.NewReader(body))
 	for sc.Scan() {
 		line := sc.Text()

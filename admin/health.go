@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/userproxy/userproxy/service"
@@ -35,49 +34,58 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeText(w, http.StatusOK, body)
 }
 
+// readyz is /readyz: Ready, then Health, must pass.
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	for _, check := range []func() error{s.cfg.Ready, s.cfg.Health} {
+		if check == nil {
+			continue
+		}
+		if err := check(); err != nil {
+			writeText(w, http.StatusServiceUnavailable, err.Error()+"\n")
+			return
+		}
+	}
+	writeText(w, http.StatusOK, "ok\n")
+}
+
 func (s *Server) livez(w http.ResponseWriter, _ *http.Request) {
 	writeText(w, http.StatusOK, "ok\n")
 }
 
 // SyncHealth returns a health check for Config.Health with the meaning of
-// kube-proxy's /healthz: unhealthy until the first service table is built,
-// and when service changes have been waiting for a new table longer than
-// maxAge (zero means 60 s, kube-proxy's 2 x --iptables-sync-period).
-// Waiting is measured from the first check that saw changes pending with
-// the same table count, so a check soon after a change never fails; checks
-// are expected at least every maxAge. now is the clock (nil: time.Now).
-// The returned function is safe for concurrent use.
+// kube-proxy's /healthz (pkg/proxy/healthcheck/proxy_health.go): healthy
+// while starting, and unhealthy once a change has waited maxAge or more for
+// a table (zero means DefaultHealthTimeout, kube-proxy's 2 x
+// --iptables-sync-period), until the next table. The wait runs from the
+// change's arrival (service.Stats.OldestPending). now is the clock (nil:
+// time.Now). The returned function is safe for concurrent use.
 func SyncHealth(src interface{ Stats() service.Stats }, maxAge time.Duration, now func() time.Time) func() error {
 	if maxAge <= 0 {
-		maxAge = 60 * time.Second
+		maxAge = DefaultHealthTimeout
 	}
 	if now == nil {
 		now = time.Now
 	}
-	var (
-		mu           sync.Mutex
-		pendingSince time.Time // when pending changes were first seen
-		syncsThen    uint64    // the table count then
-	)
 	return func() error {
 		st := src.Stats()
-		t := now()
-		mu.Lock()
-		defer mu.Unlock()
-		if st.Syncs == 0 {
-			return errors.New("no service table built yet: waiting for the source to deliver every Service and EndpointSlice")
-		}
-		if st.PendingChanges == 0 || st.Syncs != syncsThen || pendingSince.IsZero() {
-			syncsThen = st.Syncs
-			pendingSince = time.Time{}
-			if st.PendingChanges > 0 {
-				pendingSince = t
-			}
+		if st.OldestPending.IsZero() {
 			return nil
 		}
-		if waited := t.Sub(pendingSince); waited > maxAge {
+		if waited := now().Sub(st.OldestPending); waited >= maxAge {
 			return fmt.Errorf("%d changed services have waited %s for a new service table (the last went live at %s)",
 				st.PendingChanges, waited.Truncate(time.Second), st.LastSyncTime.UTC().Format(time.RFC3339))
+		}
+		return nil
+	}
+}
+
+// FirstTable returns a check for Config.Ready: unready until the first
+// service table is live (kube-proxy's /healthz is healthy before that; a
+// script that must wait for the proxy to serve waits on /readyz).
+func FirstTable(src interface{ Stats() service.Stats }) func() error {
+	return func() error {
+		if src.Stats().Syncs == 0 {
+			return errors.New("no service table built yet: waiting for the source to deliver every Service and EndpointSlice")
 		}
 		return nil
 	}

@@ -64,6 +64,9 @@ type Config struct {
 	// is unhealthy (503 with the error's text). Nil means always healthy.
 	// SyncHealth and CheckAll build one. It is called once per request.
 	Health func() error
+	// Ready decides /readyz together with Health: nil is ready once Health
+	// passes. FirstTable builds the check that the proxy serves at all.
+	Ready func() error
 	// Notes, when set, lists what works less than asked without making the
 	// proxy unhealthy (an external address that cannot be routed, a
 	// NodePort taken on the host): /healthz stays 200 and adds a
@@ -117,6 +120,7 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("GET /{$}", s.index)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /livez", s.livez)
+	mux.HandleFunc("GET /readyz", s.readyz)
 	if cfg.Gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
 			ErrorLog:      promLogger{s.log},
@@ -227,6 +231,7 @@ func (s *Server) index(w http.ResponseWriter, _ *http.Request) {
 	writeText(w, http.StatusOK, `userproxy admin
 /healthz                 200 "ok" when healthy, 503 and the reason otherwise
 /livez                   200 while the process serves
+/readyz                  200 once the first service table is live and /healthz passes (for scripts that wait for the proxy to serve)
 /metrics                 Prometheus metrics
 /debug/conntrack         conntrack entries, conntrack -L style (?protocol=tcp|udp&service=ns/name[:port]&src=&dst=&endpoint=)
 /debug/conntrack/flush   POST: delete the entries the same parameters select; answers the number deleted

@@ -144,20 +144,24 @@ type fakeSync struct {
 }
 
 func (f *fakeSync) Stats() service.Stats { f.mu.Lock(); defer f.mu.Unlock(); return f.s }
-func (f *fakeSync) set(syncs uint64, pending int) {
+func (f *fakeSync) set(syncs uint64, pending int, oldest time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.s.Syncs, f.s.PendingChanges = syncs, pending
+	f.s.Syncs, f.s.PendingChanges, f.s.OldestPending = syncs, pending, oldest
 }
 
+// SyncHealth has kube-proxy's meaning (pkg/proxy/healthcheck/proxy_health.go):
+// healthy while starting; unhealthy once a change has waited the timeout
+// for a table; FirstTable is what /readyz adds.
 func TestSyncHealth(t *testing.T) {
 	src := &fakeSync{}
 	now := epoch
 	check := admin.SyncHealth(src, time.Minute, func() time.Time { return now })
-	step := func(d time.Duration, syncs uint64, pending int, wantErr string) {
+	ready := admin.FirstTable(src)
+	step := func(d time.Duration, syncs uint64, pending int, oldest time.Time, wantErr string) {
 		t.Helper()
 		now = now.Add(d)
-		src.set(syncs, pending)
+		src.set(syncs, pending, oldest)
 		err := check()
 		switch {
 		case wantErr == "" && err != nil:
@@ -166,17 +170,24 @@ func TestSyncHealth(t *testing.T) {
 			t.Errorf("at +%s (syncs %d, pending %d): error %v, want one containing %q", now.Sub(epoch), syncs, pending, err, wantErr)
 		}
 	}
-	step(0, 0, 0, "no service table built yet")
-	step(time.Hour, 0, 3, "no service table built yet")
-	step(0, 1, 0, "")
-	step(10*time.Minute, 1, 0, "") // an old table with nothing pending is fine
-	step(0, 1, 2, "")              // changes seen pending: the clock starts
-	step(59*time.Second, 1, 2, "")
-	step(2*time.Second, 1, 2, "2 changed services have waited 1m1s")
-	step(time.Second, 2, 1, "") // a new table went live: waiting starts over
-	step(50*time.Second, 2, 1, "")
-	step(20*time.Second, 2, 0, "")
+	step(0, 0, 0, time.Time{}, "")
+	if err := ready(); err == nil || !strings.Contains(err.Error(), "no service table built yet") {
+		t.Errorf("FirstTable before a table: %v", err)
+	}
+	step(time.Hour, 0, 3, time.Time{}, "") // starting: healthy, however long
+	step(0, 1, 0, time.Time{}, "")
+	if err := ready(); err != nil {
+		t.Errorf("FirstTable after a table: %v", err)
+	}
+	step(10*time.Minute, 1, 0, time.Time{}, "") // an old table with nothing pending is fine
+	queued := now
+	step(0, 1, 2, queued, "")
+	step(59*time.Second, 1, 2, queued, "")
+	step(time.Second, 1, 2, queued, "2 changed services have waited 1m0s")
+	step(time.Second, 2, 0, time.Time{}, "") // a new table went live
+}
 
+func TestCheckAll(t *testing.T) {
 	// CheckAll runs the checks in order and skips nil ones.
 	boom := errors.New("boom")
 	if err := admin.CheckAll(nil, func() error { return nil }, func() error { return boom }, func() error { panic("not reached") })(); err != boom {

@@ -199,11 +199,14 @@ func (w *lockedWriter) String() string {
 	return w.b.String()
 }
 
+// waitHealthy waits until the proxy serves: /readyz (the first table is
+// live and /healthz passes; /healthz itself is healthy while starting, as
+// kube-proxy's).
 func (b *binNS) waitHealthy(p *proc) {
 	b.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		code, body, err := b.get("/healthz")
+		code, body, err := b.get("/readyz")
 		if err == nil && code == http.StatusOK {
 			return
 		}

@@ -37,6 +37,8 @@ type adminDeps struct {
 	nodePorts *proxy.NodePorts
 	rest      *restClientMetrics // client-go's; nil without a cluster source
 	families  []service.Family   // served: the ip_family label's values
+	// proxierHealth is kube-proxy's health state, for its counters.
+	proxierHealth *admin.ProxierHealth
 }
 
 // servedFamilies returns the families of the service CIDRs, IPv4 first.
@@ -67,6 +69,9 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 		Gate:      func() admin.GateStats { return admin.GateStats(d.st.Stats()) },
 		Families:  d.families,
 	}
+	if d.proxierHealth != nil {
+		reg.MustRegister(d.proxierHealth) // kubeproxy_proxy_healthz_total, _livez_total
+	}
 	if d.rest != nil {
 		if err := d.rest.register(reg); err != nil {
 			return nil, fmt.Errorf("admin: registering the REST client metrics: %w", err)
@@ -84,7 +89,8 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 	cfg := admin.Config{
 		Logger:    logger,
 		Gatherer:  reg,
-		Health:    admin.CheckAll(sourceHealth(d.src), admin.SyncHealth(d.tracker, time.Minute, time.Now)),
+		Health:    admin.CheckAll(sourceHealth(d.src), admin.SyncHealth(d.tracker, admin.DefaultHealthTimeout, time.Now)),
+		Ready:     admin.FirstTable(d.tracker),
 		Table:     func() *service.Table { return d.px.Table() },
 		Conntrack: d.ct,
 		Rules:     d.rules,

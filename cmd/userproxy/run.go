@@ -23,16 +23,20 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
 
+	"github.com/userproxy/userproxy/admin"
 	"github.com/userproxy/userproxy/balancer"
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/netstack"
@@ -42,6 +46,10 @@ import (
 	"github.com/userproxy/userproxy/source/file"
 	"github.com/userproxy/userproxy/source/kube"
 )
+
+// defaultHealthzAddr is --healthz-bind-address's default: kube-proxy's port,
+// on loopback only, so that a laptop exposes nothing.
+const defaultHealthzAddr = "127.0.0.1:10256"
 
 // defaultMTU is the MTU of a TUN device run creates: 64 KiB packets cost the
 // kernel and the stack the same per packet as 1500-byte ones, and bulk
@@ -55,6 +63,7 @@ type runFlags struct {
 	serviceCIDRs       prefixList
 	clusterCIDRs       prefixList
 	nodePortAddresses  string
+	healthzAddr        string
 	nodeName, zone     string
 	adminAddr          string
 	minSyncPeriod      time.Duration
@@ -79,6 +88,7 @@ type runFlags struct {
 
 func (f *runFlags) register(fs *flag.FlagSet) {
 	host, _ := os.Hostname()
+	host = strings.ToLower(host) // kube-proxy's default node name
 	def := conntrack.DefaultTimeouts()
 	fs.StringVar(&f.config, "config", "", "YAML/JSON file or directory of Services and EndpointSlices (reloaded on change)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the API server to watch (in-cluster config when neither --config nor --kubeconfig is given)")
@@ -90,6 +100,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.nodePortAddresses, "nodeport-addresses", defaultNodePortAddresses, "where NodePorts are served: comma-separated CIDRs (this host's addresses in them) or \"primary\" (kube-proxy's syntax); empty: nowhere")
 	fs.StringVar(&f.nodeName, "node-name", host, "this node's name, for internalTrafficPolicy Local and topology hints")
 	fs.StringVar(&f.zone, "zone", "", "this node's topology.kubernetes.io/zone, for zone hints (empty: hints ignored)")
+	fs.StringVar(&f.healthzAddr, "healthz-bind-address", defaultHealthzAddr, "kube-proxy's health server: /healthz and /livez with kube-proxy's JSON, for probes and load balancers (a node sets 0.0.0.0:10256); empty disables it")
 	fs.StringVar(&f.adminAddr, "admin-addr", defaultAdminAddr, "address of the admin server (/healthz, /metrics, /debug); empty disables it")
 	fs.DurationVar(&f.minSyncPeriod, "min-sync-period", service.DefaultMinSyncPeriod, "least time between two service table builds (0: build on every change)")
 	fs.IntVar(&f.conntrackMax, "conntrack-max", 0, "conntrack table size (0: 32768 per core, at least 131072, as kube-proxy)")
@@ -247,6 +258,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	}
 	nodePorts := px.NewNodePorts(npAddrs)
 	defer nodePorts.Close()
+	var serviceHealth atomic.Pointer[admin.ServiceHealth] // set once the tracker exists
 	steppedAside := stepAsideLogger(f, logger)
 	tracker, err := service.NewTracker(service.Config{
 		NodeName: f.nodeName, Zone: f.zone, MinSyncPeriod: f.minSyncPeriod,
@@ -257,6 +269,9 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 				r.Sync(t.ExternalAddrs())
 			}
 			nodePorts.Sync(t)
+			if sh := serviceHealth.Load(); sh != nil {
+				sh.Sync(t)
+			}
 			steppedAside(t)
 			synced.Do(func() { close(firstSync) })
 			if ce := logger.Check(zap.DebugLevel, "service table live"); ce != nil {
@@ -268,6 +283,13 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		return err
 	}
 	defer tracker.Close()
+	proxierHealth := admin.NewProxierHealth(tracker, admin.DefaultHealthTimeout, nil)
+	sh := admin.NewServiceHealth(npAddrs, proxierHealth.IsHealthy, logger.Named("healthcheck"))
+	defer sh.Close()
+	serviceHealth.Store(sh)
+	if t := tracker.Current(); t != nil {
+		sh.Sync(t)
+	}
 
 	// 3. The source. A bad config at start is fatal, with file, document
 	// and field named.
@@ -279,9 +301,18 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		useRESTClientMetrics(rest)
 		defer useRESTClientMetrics(nil)
 	}
-	src, err := newSource(f, tracker, logger)
+	src, client, err := newSource(f, tracker, logger)
 	if err != nil {
 		return err
+	}
+	// kube-proxy's health server: a port that is taken fails the start, as
+	// the admin server's does.
+	var healthLn net.Listener
+	if f.healthzAddr != "" {
+		if healthLn, err = net.Listen("tcp", f.healthzAddr); err != nil {
+			return fmt.Errorf("--healthz-bind-address: %w", err)
+		}
+		defer healthLn.Close()
 	}
 
 	// 4, 5. The TUN and the stack.
@@ -319,13 +350,21 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	go func() { defer wg.Done(); srcErr <- src.Run(ctx) }()
 	go func() { defer wg.Done(); px.Run(ctx) }()
 	go func() { defer wg.Done(); locals.run(ctx) }()
+	if healthLn != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); proxierHealth.Serve(ctx, healthLn, logger.Named("healthz")) }()
+	}
+	if client != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); watchNode(ctx, client, f, tracker, proxierHealth, logger.Named("node")) }()
+	}
 
 	// 6. The admin server.
 	if f.adminAddr != "" {
-		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts,
+		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts, proxierHealth: proxierHealth,
 			rest: rest, families: servedFamilies(f.serviceCIDRs.values),
 			rules: rulesOptions(f, npAddrs),
-			notes: func() []string { return append(ext.notes(), nodePorts.Failed()...) }}, logger.Named("admin"))
+			notes: func() []string { return append(append(ext.notes(), nodePorts.Failed()...), sh.Failed()...) }}, logger.Named("admin"))
 		if err != nil {
 			return err
 		}
@@ -359,17 +398,35 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 // own before resetting them.
 const shutdownGrace = 3 * time.Second
 
-func newSource(f *runFlags, h service.Handler, logger *zap.Logger) (objectSource, error) {
+// newSource returns the object source, and the API server's client when
+// the source is a cluster (nil for a file).
+func newSource(f *runFlags, h service.Handler, logger *zap.Logger) (objectSource, kubernetes.Interface, error) {
 	if f.config != "" {
 		s := file.New(f.config, h, logger.Named("file"), file.WithServiceCheck(checkServiceAnnotations))
 		if err := s.Load(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return s, nil
+		return s, nil, nil
 	}
 	client, err := kube.NewClient(f.kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("API server: %w", err)
+		return nil, nil, fmt.Errorf("API server: %w", err)
 	}
-	return kube.New(client, h, logger.Named("kube")), nil
+	return kube.New(client, h, logger.Named("kube")), client, nil
+}
+
+// watchNode follows this node's Node (with a cluster source): its zone
+// label sets the zone of topology hints unless --zone is given, and its
+// deletion or autoscaler taint makes /healthz's nodeEligible false.
+func watchNode(ctx context.Context, client kubernetes.Interface, f *runFlags, tracker *service.Tracker, ph *admin.ProxierHealth, logger *zap.Logger) {
+	err := kube.WatchNode(ctx, client, f.nodeName, logger, func(st kube.NodeState) {
+		ph.SetNodeEligible(st.Eligible)
+		if f.zone == "" && st.Zone != tracker.Zone() {
+			logger.Info("zone from the Node's label", zap.String("zone", st.Zone))
+			tracker.SetZone(st.Zone)
+		}
+	})
+	if err != nil {
+		logger.Error("watching this Node", zap.Error(err))
+	}
 }

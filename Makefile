@@ -77,10 +77,10 @@ soak: ## (root) 10 minutes of mixed traffic and endpoint churn; logs RSS, gorout
 image: ## (root) the container image with buildah: the static binary, FROM scratch, run as 65532 with cap_net_admin
 	@if [ "$$(id -u)" != 0 ]; then echo "make image needs root (setcap, and buildah's storage)" >&2; exit 1; fi
 	@command -v buildah >/dev/null || { echo "make image needs buildah (apt-get install buildah)" >&2; exit 1; }
-	@command -v setcap >/dev/null || { echo "make image needs setcap (apt-get install libcap2-bin)" >&2; exit 1; }
+	@PATH="$$PATH:/usr/sbin:/sbin" command -v setcap >/dev/null || { echo "make image needs setcap (apt-get install libcap2-bin)" >&2; exit 1; }
 	mkdir -p $(IMAGE_CONTEXT)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(VERSION)' -o $(IMAGE_CONTEXT)/userproxy ./cmd/userproxy
-	setcap cap_net_admin=ep $(IMAGE_CONTEXT)/userproxy
+	PATH="$$PATH:/usr/sbin:/sbin" setcap cap_net_admin=ep $(IMAGE_CONTEXT)/userproxy
 	cp Containerfile $(IMAGE_CONTEXT)/Containerfile
 	$(BUILDAH) bud --isolation chroot --layers=false \
 		--label org.opencontainers.image.version=$(VERSION) \

@@ -121,14 +121,16 @@ func TestManifestsDryRun(t *testing.T) {
 	}
 
 	var all []manifestDoc
+	byFile := map[string][]manifestDoc{}
 	for _, name := range manifestFiles {
-		all = append(all, readManifest(t, name)...)
+		byFile[name] = readManifest(t, name)
+		all = append(all, byFile[name]...)
 	}
 	checkManifestRefs(t, all)
 
 	for _, name := range manifestFiles {
 		t.Run(name, func(t *testing.T) {
-			docs := readManifest(t, name)
+			docs := byFile[name]
 			for _, d := range docs {
 				if ns := d.obj.GetNamespace(); ns != "" {
 					ensureNamespace(t, cs, ns)

@@ -5,7 +5,15 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(GOBIN)/staticcheck
 
-.PHONY: help test unit lint tools bench-once darwin integration kube-apiserver kubeapi bench bench-harness fuzz fuzz-short soak
+.PHONY: help test unit lint tools bench-once darwin integration kube-apiserver kubeapi bench bench-harness fuzz fuzz-short soak image
+
+# The image (Containerfile): IMAGE names it, VERSION is stamped into the
+# binary (userproxy version) and labels it, BUILDAH is the command that builds
+# it (vfs storage and chroot isolation need no overlay, fuse or runtime).
+IMAGE ?= localhost/userproxy:latest
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+BUILDAH ?= buildah --storage-driver vfs
+IMAGE_CONTEXT ?= bin/image
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -65,6 +73,18 @@ fuzz: ## run each fuzzer for FUZZTIME (default 30s)
 
 soak: ## (root) 10 minutes of mixed traffic and endpoint churn; logs RSS, goroutines and flows over time
 	USERPROXY_CHURN_DURATION=10m $(GO) test -count=1 -timeout 20m -run '^TestEndpointChurn$$' -v ./integration/
+
+image: ## (root) the container image with buildah: the static binary, FROM scratch, run as 65532 with cap_net_admin
+	@if [ "$$(id -u)" != 0 ]; then echo "make image needs root (setcap, and buildah's storage)" >&2; exit 1; fi
+	@command -v buildah >/dev/null || { echo "make image needs buildah (apt-get install buildah)" >&2; exit 1; }
+	@PATH="$$PATH:/usr/sbin:/sbin" command -v setcap >/dev/null || { echo "make image needs setcap (apt-get install libcap2-bin)" >&2; exit 1; }
+	mkdir -p $(IMAGE_CONTEXT)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(VERSION)' -o $(IMAGE_CONTEXT)/userproxy ./cmd/userproxy
+	PATH="$$PATH:/usr/sbin:/sbin" setcap cap_net_admin=ep $(IMAGE_CONTEXT)/userproxy
+	cp Containerfile $(IMAGE_CONTEXT)/Containerfile
+	$(BUILDAH) bud --isolation chroot --layers=false \
+		--label org.opencontainers.image.version=$(VERSION) \
+		-f $(IMAGE_CONTEXT)/Containerfile -t $(IMAGE) $(IMAGE_CONTEXT)
 
 # A count, not a duration: Go 1.26's fuzzer can fail spuriously when a
 # -fuzztime duration ends mid-run (golang/go#75804).

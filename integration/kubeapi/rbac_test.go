@@ -1,13 +1,7 @@
 package kubeapi_test
 
 import (
-	"bufio"
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -20,9 +14,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/userproxy/userproxy/service"
 )
@@ -40,29 +32,9 @@ type manifestRBAC struct {
 // apply would, and returns its ServiceAccount, ClusterRole and binding.
 func readManifestRBAC(t *testing.T) manifestRBAC {
 	t.Helper()
-	path := filepath.Join("..", "..", "examples", "kubernetes", "daemonset.yaml")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var m manifestRBAC
-	rd := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
-	for {
-		doc, err := rd.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		if len(bytes.TrimSpace(doc)) == 0 {
-			continue
-		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		switch o := obj.(type) {
+	for _, d := range readManifest(t, "daemonset.yaml") {
+		switch o := d.typed.(type) {
 		case *v1.ServiceAccount:
 			m.sa = o
 		case *rbacv1.ClusterRole:
@@ -74,7 +46,7 @@ func readManifestRBAC(t *testing.T) manifestRBAC {
 		}
 	}
 	if m.sa == nil || m.role == nil || m.binding == nil {
-		t.Fatalf("%s: want a ServiceAccount, a ClusterRole and a ClusterRoleBinding", path)
+		t.Fatal("daemonset.yaml: want a ServiceAccount, a ClusterRole and a ClusterRoleBinding")
 	}
 	return m
 }

@@ -677,3 +677,28 @@ func TestBinarySecondSignalForcesExit(t *testing.T) {
 		t.Fatal("userproxy did not exit after a second SIGTERM")
 	}
 }
+
+// TestBinaryReadOnlyProcSys: in a container /proc/sys is read-only; run
+// cannot tune IPv6 on the device it creates, says so, and serves (it used to
+// exit at start: found by the image's test in a container-like namespace).
+func TestBinaryReadOnlyProcSys(t *testing.T) {
+	requireRoot(t)
+	bin := userproxyBinary(t)
+	b := newBinNS(t)
+	ep, dns := b.tcpEndpoint("a"), b.udpEcho()
+	cfg := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, cfg, quickConfig(ep, dns))
+	script := "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec " + bin +
+		" run --config " + cfg + " --tun-name upxro0 --min-sync-period 0 --log-format json"
+	p := startProc(t, "ip", "netns", "exec", b.name, "unshare", "-m", "sh", "-c", script)
+	b.waitHealthy(p)
+	if got, err := b.fetchName("10.96.0.10:80"); err != nil || got != "a" {
+		t.Fatalf("TCP service with a read-only /proc/sys: %q, %v", got, err)
+	}
+	if err := p.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(p.out.String(), "read-only /proc/sys") {
+		t.Errorf("no warning about the read-only /proc/sys in:\n%s", p.out.String())
+	}
+}

@@ -59,7 +59,7 @@ func openTUN(name string, mtu int, cidrs []netip.Prefix, logger *zap.Logger) (*t
 		return nil, err
 	}
 	if d.created {
-		if err := configureNewTUN(name, mtu); err != nil {
+		if err := configureNewTUN(name, mtu, logger); err != nil {
 			d.close()
 			return nil, err
 		}
@@ -73,11 +73,20 @@ func openTUN(name string, mtu int, cidrs []netip.Prefix, logger *zap.Logger) (*t
 
 // configureNewTUN prepares a device run or setup just created: IPv6 without
 // duplicate address detection or a link-local address (the kernel would hold
-// IPv6 output until DAD finished), the MTU, and up.
-func configureNewTUN(name string, mtu int) error {
+// IPv6 output until DAD finished), the MTU, and up. In a container whose
+// /proc/sys is read-only (every runtime's default for an unprivileged one)
+// the IPv6 settings cannot be made: that is logged, and IPv6 traffic into
+// the device may wait the second or so DAD takes at start.
+func configureNewTUN(name string, mtu int, logger *zap.Logger) error {
 	for _, kv := range [][2]string{{"addr_gen_mode", "1"}, {"accept_dad", "0"}} {
 		p := "/proc/sys/net/ipv6/conf/" + name + "/" + kv[0]
-		if err := os.WriteFile(p, []byte(kv[1]), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
+		err := os.WriteFile(p, []byte(kv[1]), 0o644)
+		switch {
+		case err == nil, errors.Is(err, os.ErrNotExist):
+		case errors.Is(err, unix.EROFS), errors.Is(err, os.ErrPermission):
+			logger.Warn("cannot turn off IPv6 address generation and DAD on the new device (read-only /proc/sys); IPv6 may wait for DAD at start",
+				zap.String("dev", name), zap.String("path", p), zap.Error(err))
+		default:
 			return fmt.Errorf("device %q: writing %s: %w", name, p, err)
 		}
 	}
@@ -225,7 +234,7 @@ func setupTUN(name, userName string, mtu int, cidrs []netip.Prefix, remove bool,
 	if err := ifce.Close(); err != nil {
 		return fmt.Errorf("device %q: %w", name, err)
 	}
-	if err := configureNewTUN(name, mtu); err != nil {
+	if err := configureNewTUN(name, mtu, logger); err != nil {
 		return err
 	}
 	d := &tunDevice{name: name, logger: logger}

@@ -34,6 +34,7 @@ import (
 
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/userproxy/userproxy/admin"
@@ -305,6 +306,9 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	if client != nil {
+		readNode(ctx, client, f, tracker, proxierHealth, logger.Named("node"))
+	}
 	// kube-proxy's health server: a port that is taken fails the start, as
 	// the admin server's does.
 	var healthLn net.Listener
@@ -413,6 +417,23 @@ func newSource(f *runFlags, h service.Handler, logger *zap.Logger) (objectSource
 		return nil, nil, fmt.Errorf("API server: %w", err)
 	}
 	return kube.New(client, h, logger.Named("kube")), client, nil
+}
+
+// readNode reads this node's Node once at start, so that the first table
+// already uses its zone; a failure is logged (the watch tries on).
+func readNode(ctx context.Context, client kubernetes.Interface, f *runFlags, tracker *service.Tracker, ph *admin.ProxierHealth, logger *zap.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	node, err := client.CoreV1().Nodes().Get(ctx, f.nodeName, metav1.GetOptions{})
+	if err != nil {
+		logger.Warn("reading this Node at start (is --node-name right?); its zone and eligibility wait for the watch", zap.String("node", f.nodeName), zap.Error(err))
+		return
+	}
+	st := kube.NodeStateOf(node, false)
+	ph.SetNodeEligible(st.Eligible)
+	if f.zone == "" {
+		tracker.SetZone(st.Zone)
+	}
 }
 
 // watchNode follows this node's Node (with a cluster source): its zone

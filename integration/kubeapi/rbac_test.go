@@ -1,6 +1,7 @@
 package kubeapi_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -100,11 +101,21 @@ func TestRBAC(t *testing.T) {
 		t.Errorf("LastError with the manifest's role: %v", err)
 	}
 
-	// The token is good for nothing else.
+	// The Node grants: this node's Node can be read and followed.
 	limited, err := kubernetes.NewForConfig(c.RESTConfig(token))
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: rbacNode}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, verb := range []string{"get", "list", "watch"} {
+		if err := nodeCall(ctx, limited, verb); err != nil {
+			t.Errorf("%s on this Node with the userproxy token: %v", verb, err)
+		}
+	}
+
+	// The token is good for nothing else.
 	for what, call := range map[string]func() error{
 		"get a Service": func() error {
 			_, err := limited.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
@@ -116,6 +127,14 @@ func TestRBAC(t *testing.T) {
 		},
 		"list Pods": func() error {
 			_, err := limited.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"update a Node": func() error {
+			n, err := cs.CoreV1().Nodes().Get(ctx, rbacNode, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			_, err = limited.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
 			return err
 		},
 		"list Secrets": func() error {
@@ -149,6 +168,18 @@ func TestRBAC(t *testing.T) {
 			if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
+			if slices.Contains(rule.Resources, "nodes") {
+				// The Node is read by run (a get at start, then
+				// kube.WatchNode): the call the verb allows is refused.
+				nodeLimited, err := kubernetes.NewForConfig(c.RESTConfig(tokenFor(t, cs, ns, name)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := nodeCall(ctx, nodeLimited, verb); !apierrors.IsForbidden(err) {
+					t.Errorf("without %s on nodes: %v, want Forbidden", verb, err)
+				}
+				continue
+			}
 			q := startSource(t, sourceClient(t, c, tokenFor(t, cs, ns, name)), service.DefaultMinSyncPeriod, nil)
 			took, ok := waitFor(30*time.Second, func() bool { return apierrors.IsForbidden(q.src.LastError()) })
 			if !ok {
@@ -160,6 +191,30 @@ func TestRBAC(t *testing.T) {
 	}
 }
 
+// rbacNode is the Node TestRBAC reads.
+const rbacNode = "node-rbac"
+
+// nodeCall makes the call verb allows on rbacNode as run makes it: get by
+// name, list and watch with a field selector on the name.
+func nodeCall(ctx context.Context, cs kubernetes.Interface, verb string) error {
+	sel := metav1.ListOptions{FieldSelector: "metadata.name=" + rbacNode}
+	switch verb {
+	case "get":
+		_, err := cs.CoreV1().Nodes().Get(ctx, rbacNode, metav1.GetOptions{})
+		return err
+	case "list":
+		_, err := cs.CoreV1().Nodes().List(ctx, sel)
+		return err
+	case "watch":
+		w, err := cs.CoreV1().Nodes().Watch(ctx, sel)
+		if err == nil {
+			w.Stop()
+		}
+		return err
+	}
+	return fmt.Errorf("no call for verb %q", verb)
+}
+
 func rulesString(rules []rbacv1.PolicyRule) string {
 	var parts []string
 	for _, r := range rules {
@@ -169,11 +224,12 @@ func rulesString(rules []rbacv1.PolicyRule) string {
 }
 
 // TestManifestRBACIsMinimal checks the shipped role without a cluster: it
-// grants exactly list and watch on services and endpointslices.
+// grants exactly list and watch on services and endpointslices, and get,
+// list and watch on nodes (this node's, by name: kube.WatchNode).
 func TestManifestRBACIsMinimal(t *testing.T) {
 	m := readManifestRBAC(t)
 	got := rulesString(m.role.Rules)
-	want := `[list watch] [services] in [""]; [list watch] [endpointslices] in ["discovery.k8s.io"]`
+	want := `[list watch] [services] in [""]; [list watch] [endpointslices] in ["discovery.k8s.io"]; [get list watch] [nodes] in [""]`
 	if got != want {
 		t.Errorf("ClusterRole rules:\n got %s\nwant %s", got, want)
 	}

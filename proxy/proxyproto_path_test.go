@@ -15,12 +15,10 @@ import (
 	"github.com/userproxy/userproxy/service"
 )
 
-// The PROXY protocol on the datapath (issue 16): a Service annotated
-// userproxy.io/proxy-protocol gets the header first on each endpoint
-// connection, with the client's address and the destination it used, read
-// by an endpoint that parses it as a receiver does (ppRead, written from
-// the spec apart from the encoder).
-func TestProxyProtocolOnTheDatapath(t *testing.T) {
+// frontEnds runs a proxy with both front ends: a stack over an in-memory
+// link (the TUN's stand-in) and NodePorts on 127.0.0.1.
+func frontEnds(t *testing.T) (*Proxy, *service.Tracker, *netstack.Stack, *NodePorts) {
+	t.Helper()
 	p, tr, ct := newTestProxyWith(t, Config{}, true)
 	st, err := netstack.New(netstack.Options{Link: &netstack.NewMemoryLink(0, 256).Link, Conntrack: ct, Admit: p.Admit})
 	if err != nil {
@@ -35,6 +33,16 @@ func TestProxyProtocolOnTheDatapath(t *testing.T) {
 		cancel()
 		st.Close()
 	})
+	return p, tr, st, np
+}
+
+// The PROXY protocol on the datapath (issue 16): a Service annotated
+// userproxy.io/proxy-protocol gets the header first on each endpoint
+// connection, with the client's address and the destination it used, read
+// by an endpoint that parses it as a receiver does (ppRead, written from
+// the spec apart from the encoder).
+func TestProxyProtocolOnTheDatapath(t *testing.T) {
+	p, tr, st, np := frontEnds(t)
 	epAddr, headers := ppEchoServer(t)
 	epPort, _ := strconv.Atoi(epAddr[len("127.0.0.1:"):])
 	nodePort := freePort(t)
@@ -105,20 +113,7 @@ func TestProxyProtocolOnTheDatapath(t *testing.T) {
 // starts with the header (a header alone would be a datagram of its own),
 // on the TUN path and through a NodePort.
 func TestProxyProtocolUDPDatagrams(t *testing.T) {
-	p, tr, ct := newTestProxyWith(t, Config{}, true)
-	st, err := netstack.New(netstack.Options{Link: &netstack.NewMemoryLink(0, 256).Link, Conntrack: ct, Admit: p.Admit})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.SetFlowHandler(p)
-	np := p.NewNodePorts([]netip.Addr{netip.MustParseAddr("127.0.0.1")})
-	t.Cleanup(func() {
-		np.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		p.Shutdown(ctx)
-		cancel()
-		st.Close()
-	})
+	p, tr, st, np := frontEnds(t)
 	// The endpoint parses each datagram's header and answers "ok <src> <dst> <payload>".
 	ep, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {

@@ -88,6 +88,8 @@ func TestServiceHealthNodePort(t *testing.T) {
 	})
 	sh.Sync(table(t, lbLocal(hcPort, terminatingOnly, ep("10.180.0.2", onNode("other")))...))
 	check("only a terminating local endpoint", 503, 0, true)
+	sh.Sync(table(t, lbLocal(hcPort, ep("10.180.0.1", onNode("node-a")), ep("10.180.0.2", onNode("other")))...))
+	check("the local endpoint ready again", 200, 1, true)
 	sh.Sync(table(t, lbLocal(hcPort, ep("10.180.0.1", onNode("node-a")), ep("10.180.0.3", onNode("node-a")))...))
 	check("two local ready endpoints", 200, 2, true)
 	healthy = false

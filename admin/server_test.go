@@ -331,6 +331,10 @@ ns4/headless: headless service (clusterIP: None)
 	if code, body := get(t, noTable, "GET", "/debug/services"); code != 200 || !strings.Contains(body, "no service table yet") {
 		t.Errorf("before the first table: %d %q", code, body)
 	}
+	noted := admin.New(admin.Config{Table: func() *service.Table { return tbl }, Notes: func() []string { return []string{"NodePort TCP 127.0.0.1:30080 is not served: address in use"} }}).Handler()
+	if _, body := get(t, noted, "GET", "/debug/services"); !strings.HasSuffix(body, "# not served as asked\nNodePort TCP 127.0.0.1:30080 is not served: address in use\n") {
+		t.Errorf("/debug/services lacks the notes:\n%s", body)
+	}
 	if code, _ := get(t, admin.New(admin.Config{}).Handler(), "GET", "/debug/services"); code != http.StatusServiceUnavailable {
 		t.Errorf("no table source: %d", code)
 	}

@@ -189,6 +189,14 @@ func (s *Server) services(w http.ResponseWriter, _ *http.Request) {
 	}
 	var b bytes.Buffer
 	writeServices(&b, s.currentTable())
+	if s.cfg.Notes != nil {
+		if notes := s.cfg.Notes(); len(notes) > 0 {
+			b.WriteString("# not served as asked\n")
+			for _, n := range notes {
+				b.WriteString(n + "\n")
+			}
+		}
+	}
 	writeText(w, http.StatusOK, b.String())
 }
 

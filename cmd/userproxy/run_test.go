@@ -3,11 +3,13 @@ package main
 import (
 	"flag"
 	"io"
+	"os"
 	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/userproxy/userproxy/service"
 )
@@ -54,6 +56,59 @@ func TestCheckServiceAnnotations(t *testing.T) {
 		err := checkServiceAnnotations(s)
 		if (err != nil) != tc.fail || (err != nil && !strings.Contains(err.Error(), "metadata.annotations[userproxy.io/")) {
 			t.Errorf("%v: %v", tc.ann, err)
+		}
+	}
+}
+
+// TestManifestArgsAreRunFlags: every argument the shipped manifests give
+// `userproxy run` is one of its flags, with a value it accepts (the API
+// server's dry run, TestManifestsDryRun, checks the schema, not the args).
+func TestManifestArgsAreRunFlags(t *testing.T) {
+	for _, file := range []string{"daemonset.yaml", "sidecar.yaml"} {
+		data, err := os.ReadFile("../../examples/kubernetes/" + file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := 0
+		for _, doc := range strings.Split(string(data), "\n---") {
+			var obj struct {
+				Spec struct {
+					Containers []v1.Container `json:"containers"`
+					Template   struct {
+						Spec struct {
+							Containers []v1.Container `json:"containers"`
+						} `json:"spec"`
+					} `json:"template"`
+				} `json:"spec"`
+			}
+			if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+			for _, c := range append(obj.Spec.Containers, obj.Spec.Template.Spec.Containers...) {
+				if len(c.Args) == 0 || c.Args[0] != "run" {
+					continue
+				}
+				found++
+				fs := flag.NewFlagSet("run", flag.ContinueOnError)
+				fs.SetOutput(io.Discard)
+				var f runFlags
+				f.register(fs)
+				// $(NODE_NAME) is the downward API's: any name will do here.
+				args := strings.ReplaceAll(strings.Join(c.Args[1:], "\x00"), "$(NODE_NAME)", "node-a")
+				if err := fs.Parse(strings.Split(args, "\x00")); err != nil {
+					t.Errorf("%s: container %s: %v", file, c.Name, err)
+					continue
+				}
+				if err := f.validate(); err != nil {
+					t.Errorf("%s: container %s: %v", file, c.Name, err)
+				}
+				if _, err := nodePortAddrs(strings.ReplaceAll(f.nodePortAddresses, "primary,", "")); err != nil {
+					t.Errorf("%s: container %s: %v", file, c.Name, err)
+				}
+			}
+		}
+		if found != 1 {
+			t.Errorf("%s: %d containers run userproxy, want 1", file, found)
 		}
 	}
 }

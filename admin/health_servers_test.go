@@ -77,7 +77,8 @@ func TestServiceHealthNodePort(t *testing.T) {
 		t.Helper()
 		code, h, b := httpGet(t, url)
 		if code != wantCode || b != body(wantN, wantHealthy) ||
-			h.Get("Content-Type") != "application/json" || h.Get("X-Content-Type-Options") != "nosniff" {
+			h.Get("Content-Type") != "application/json" || h.Get("X-Content-Type-Options") != "nosniff" ||
+			h.Get("X-Load-Balancing-Endpoint-Weight") != strconv.Itoa(wantN) {
 			t.Fatalf("%s: %d %q %v; want %d %q", step, code, b, h, wantCode, body(wantN, wantHealthy))
 		}
 	}
@@ -95,6 +96,24 @@ func TestServiceHealthNodePort(t *testing.T) {
 	healthy = false
 	check("the proxier unhealthy", 503, 2, false)
 	healthy = true
+
+	// Another Service takes the port in the same table as ns1/lb gives it
+	// up: it is served at once (closed before opened).
+	handed := lbLocal(hcPort, ep("10.180.0.1", onNode("node-a")))
+	handed[0].(*v1.Service).Spec.HealthCheckNodePort = int32(freeLoopbackPort(t))
+	other := svc("ns1/lb2", "172.30.0.52", ports(sport("http", tcp, 80)), func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Spec.Ports[0].NodePort = 30081
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		s.Spec.HealthCheckNodePort = int32(hcPort)
+	})
+	sh.Sync(table(t, append(handed, other, slice("ns1/lb2-a", "lb2", ipv4, "http", tcp, 8080, ep("10.180.0.9", onNode("node-a"))))...))
+	if f := sh.Failed(); len(f) != 0 {
+		t.Fatalf("after the hand-over: Failed %q", f)
+	}
+	if _, _, b := httpGet(t, url); !strings.Contains(b, `"name": "lb2"`) {
+		t.Fatalf("after the hand-over: %s", b)
+	}
 
 	// The Service loses its health check node port: the server closes.
 	sh.Sync(table(t, svc("ns1/other", "172.30.0.51", ports(sport("", tcp, 80)))))
@@ -118,14 +137,15 @@ type fakeStats struct{ st service.Stats }
 
 func (f *fakeStats) Stats() service.Stats { return f.st }
 
-// kube-proxy's /healthz and /livez (pkg/proxy/healthcheck/proxy_health.go):
-// healthy while starting; unhealthy once a change has waited the health
-// timeout, until a table; /healthz also while the Node is not eligible;
-// JSON in kube-proxy's layout; answers counted by code.
+// kube-proxy's /healthz and /livez (pkg/proxy/healthcheck/proxy_health.go,
+// v1.37's ProxyHealth marshalled): healthy while starting; unhealthy once a
+// change has waited the health timeout, until a table; /healthz also while
+// the Node is not eligible (and before it is seen, when one is watched);
+// answers counted by code.
 func TestProxierHealth(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	src := &fakeStats{}
-	h := admin.NewProxierHealth(src, time.Minute, func() time.Time { return now })
+	h := admin.NewProxierHealth(src, []service.Family{service.IPv4, service.IPv6}, true, time.Minute, func() time.Time { return now })
 	srv := newLoopbackServer(t, h.Handler())
 	get := func(path string) (int, string) {
 		code, hdr, body := httpGet(t, srv+path)
@@ -134,8 +154,13 @@ func TestProxierHealth(t *testing.T) {
 		}
 		return code, body
 	}
-	q := func(tm time.Time) string { return strconv.Quote(tm.String()) }
-	if code, body := get("/healthz"); code != 200 || body != `{"lastUpdated": `+q(now)+`,"currentTime": `+q(now)+`, "nodeEligible": true}` {
+	ts := func(tm time.Time) string { return tm.Format(time.RFC3339Nano) }
+	zero := "0001-01-01T00:00:00Z"
+	if code, body := get("/healthz"); code != 503 || body != `{"lastUpdated":"`+zero+`","currentTime":"`+ts(now)+`","nodeEligible":false,"healthy":true}` {
+		t.Fatalf("starting, the Node not seen yet: %d %s", code, body)
+	}
+	h.SetNodeEligible(true)
+	if code, body := get("/healthz"); code != 200 || body != `{"lastUpdated":"`+ts(now)+`","currentTime":"`+ts(now)+`","nodeEligible":true,"healthy":true}` {
 		t.Fatalf("starting: %d %s", code, body)
 	}
 	synced := now
@@ -145,15 +170,19 @@ func TestProxierHealth(t *testing.T) {
 		t.Fatalf("a change waiting less than the timeout: %d", code)
 	}
 	now = now.Add(time.Second)
-	if code, body := get("/healthz"); code != 503 || body != `{"lastUpdated": `+q(synced)+`,"currentTime": `+q(now)+`, "nodeEligible": true}` {
+	status := func(ok bool) string {
+		b := strconv.FormatBool(ok)
+		return `"status":{"IPv4":{"lastUpdated":"` + ts(synced) + `","healthy":` + b + `},"IPv6":{"lastUpdated":"` + ts(synced) + `","healthy":` + b + `}}`
+	}
+	if code, body := get("/healthz"); code != 503 || body != `{"lastUpdated":"`+ts(synced)+`","currentTime":"`+ts(now)+`","nodeEligible":true,"healthy":false,`+status(false)+`}` {
 		t.Fatalf("a change waiting the timeout: %d %s", code, body)
 	}
-	if code, body := get("/livez"); code != 503 || body != `{"lastUpdated": `+q(synced)+`,"currentTime": `+q(now)+`}` {
+	if code, body := get("/livez"); code != 503 || body != `{"lastUpdated":"`+ts(synced)+`","currentTime":"`+ts(now)+`","healthy":false,`+status(false)+`}` {
 		t.Fatalf("livez: %d %s", code, body)
 	}
 	src.st.OldestPending = time.Time{}
 	h.SetNodeEligible(false)
-	if code, body := get("/healthz"); code != 503 || !strings.HasSuffix(body, `"nodeEligible": false}`) {
+	if code, body := get("/healthz"); code != 503 || !strings.Contains(body, `"nodeEligible":false,"healthy":true,`+status(true)) {
 		t.Fatalf("node not eligible: %d %s", code, body)
 	}
 	if code, _ := get("/livez"); code != 200 {
@@ -165,7 +194,7 @@ func TestProxierHealth(t *testing.T) {
 # HELP kubeproxy_proxy_healthz_total Cumulative proxy healthz HTTP status (kube-proxy's series).
 # TYPE kubeproxy_proxy_healthz_total counter
 kubeproxy_proxy_healthz_total{code="200"} 2
-kubeproxy_proxy_healthz_total{code="503"} 2
+kubeproxy_proxy_healthz_total{code="503"} 3
 # HELP kubeproxy_proxy_livez_total Cumulative proxy livez HTTP status (kube-proxy's series).
 # TYPE kubeproxy_proxy_livez_total counter
 kubeproxy_proxy_livez_total{code="200"} 1

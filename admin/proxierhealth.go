@@ -4,15 +4,17 @@ package admin
 // on --healthz-bind-address (10256 on a node), for the probes, load
 // balancers and tools that know kube-proxy's:
 //
-//  1. /healthz and /livez answer JSON, kube-proxy's fields in its layout:
-//     {"lastUpdated": "...","currentTime": "..."} and, on /healthz, "nodeEligible".
+//  1. /healthz and /livez answer kube-proxy's JSON (v1.37's ProxyHealth,
+//     marshalled): lastUpdated, currentTime, nodeEligible (/healthz only),
+//     healthy, and the status of each served family once a table exists.
 //  2. Healthy while starting (no table yet, nothing queued), and while no
 //     change has waited longer than the health timeout for a table
 //     (service.Stats.OldestPending: kube-proxy's QueuedUpdate); unhealthy
 //     after that, until the next table.
-//  3. /healthz is also unhealthy while this Node is not eligible: being
-//     deleted, or tainted ToBeDeletedByClusterAutoscaler (SetNodeEligible,
-//     from the Node watch); /livez ignores the Node.
+//  3. /healthz is also unhealthy while this Node is not eligible: not seen
+//     yet, being deleted, or tainted ToBeDeletedByClusterAutoscaler
+//     (SetNodeEligible, from the Node watch); /livez ignores the Node. With
+//     no Node to watch (a file source) the node is eligible.
 //  4. Both count their answers by code: kubeproxy_proxy_healthz_total and
 //     kubeproxy_proxy_livez_total.
 //
@@ -20,8 +22,8 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -40,28 +42,33 @@ const DefaultHealthTimeout = 60 * time.Second
 // ProxierHealth is kube-proxy's proxier health state and its HTTP server.
 // It is safe for concurrent use.
 type ProxierHealth struct {
-	src     interface{ Stats() service.Stats }
-	timeout time.Duration
-	now     func() time.Time
+	src      interface{ Stats() service.Stats }
+	timeout  time.Duration
+	now      func() time.Time
+	families []service.Family
 
 	nodeEligible atomic.Bool
 	// answers by endpoint (healthz, livez) and code (200, 503).
 	answers [2][2]atomic.Uint64
 }
 
-// NewProxierHealth returns the health state of the tracker src: timeout is
-// the health timeout (0: DefaultHealthTimeout), now the clock (nil:
-// time.Now, whose readings kube-proxy prints with their monotonic part).
-func NewProxierHealth(src interface{ Stats() service.Stats }, timeout time.Duration, now func() time.Time) *ProxierHealth {
+// NewProxierHealth returns the health state of the tracker src serving
+// families (the status entries; none: IPv4): timeout is the health timeout
+// (0: DefaultHealthTimeout), now the clock (nil: time.Now). watchesNode
+// says a Node will be watched: the node is then not eligible until it is
+// seen, as kube-proxy's NodeEligible answers without a Node.
+func NewProxierHealth(src interface{ Stats() service.Stats }, families []service.Family, watchesNode bool, timeout time.Duration, now func() time.Time) *ProxierHealth {
 	if timeout <= 0 {
 		timeout = DefaultHealthTimeout
 	}
 	if now == nil {
 		now = time.Now
 	}
-	h := &ProxierHealth{src: src, timeout: timeout, now: now}
-	// Eligible while starting, until a Node event says otherwise.
-	h.nodeEligible.Store(true)
+	if len(families) == 0 {
+		families = []service.Family{service.IPv4}
+	}
+	h := &ProxierHealth{src: src, timeout: timeout, now: now, families: families}
+	h.nodeEligible.Store(!watchesNode)
 	return h
 }
 
@@ -74,17 +81,41 @@ func (h *ProxierHealth) NodeEligible() bool { return h.nodeEligible.Load() }
 // IsHealthy reports the proxier's health (step 2), ignoring the Node: what
 // the service health servers report as serviceProxyHealthy.
 func (h *ProxierHealth) IsHealthy() bool {
-	ok, _ := h.state(h.now())
-	return ok
+	return h.health(h.now()).Healthy
 }
 
-// state returns the health at now and the time of the last table.
-func (h *ProxierHealth) state(now time.Time) (bool, time.Time) {
+// proxyHealth is kube-proxy's ProxyHealth (pkg/proxy/healthcheck
+// proxy_health.go, v1.37), the JSON both endpoints answer.
+type proxyHealth struct {
+	LastUpdated  time.Time               `json:"lastUpdated"`
+	CurrentTime  time.Time               `json:"currentTime"`
+	NodeEligible *bool                   `json:"nodeEligible,omitempty"`
+	Healthy      bool                    `json:"healthy"`
+	Status       map[string]familyHealth `json:"status,omitempty"`
+}
+
+// familyHealth is kube-proxy's ProxierHealth: one family's proxier.
+type familyHealth struct {
+	LastUpdated time.Time `json:"lastUpdated"`
+	Healthy     bool      `json:"healthy"`
+}
+
+// health is kube-proxy's Health() at now. One table here serves every
+// family, so each family's status is the same.
+func (h *ProxierHealth) health(now time.Time) proxyHealth {
 	st := h.src.Stats()
-	if st.OldestPending.IsZero() || now.Sub(st.OldestPending) < h.timeout {
-		return true, st.LastSyncTime
+	ph := proxyHealth{CurrentTime: now, Healthy: true, Status: map[string]familyHealth{}}
+	if st.Syncs == 0 {
+		return ph // no proxier has updated yet: healthy, no status
 	}
-	return false, st.LastSyncTime
+	ph.LastUpdated = st.LastSyncTime
+	if !st.OldestPending.IsZero() && now.Sub(st.OldestPending) >= h.timeout {
+		ph.Healthy = false
+	}
+	for _, f := range h.families {
+		ph.Status[f.String()] = familyHealth{LastUpdated: st.LastSyncTime, Healthy: ph.Healthy}
+	}
+	return ph
 }
 
 // Handler serves /healthz and /livez.
@@ -95,12 +126,14 @@ func (h *ProxierHealth) Handler() http.Handler {
 	return mux
 }
 
-// answer writes /healthz (healthz) or /livez in kube-proxy's layout.
+// answer writes /healthz (healthz) or /livez as kube-proxy does.
 func (h *ProxierHealth) answer(w http.ResponseWriter, healthz bool) {
 	now := h.now()
-	healthy, lastUpdated := h.state(now)
-	eligible := h.NodeEligible()
+	ph := h.health(now)
+	healthy := ph.Healthy
 	if healthz {
+		eligible := h.NodeEligible()
+		ph.NodeEligible = &eligible
 		healthy = healthy && eligible
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -113,16 +146,13 @@ func (h *ProxierHealth) answer(w http.ResponseWriter, healthz bool) {
 		h.answers[endpoint][0].Add(1)
 		w.WriteHeader(http.StatusOK)
 		// As kube-proxy: a healthy answer says it was updated now.
-		lastUpdated = now
+		ph.LastUpdated = now
 	} else {
 		h.answers[endpoint][1].Add(1)
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
-	if healthz {
-		fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q, "nodeEligible": %v}`, lastUpdated, now, eligible)
-	} else {
-		fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q}`, lastUpdated, now)
-	}
+	out, _ := json.Marshal(ph)
+	_, _ = w.Write(out)
 }
 
 // Serve serves the handler on ln until ctx is done.

@@ -80,20 +80,17 @@ func (s *ServiceHealth) Sync(t *service.Table) {
 			want[p.Name.Service()] = p.HealthCheckNodePort
 		}
 	}
-	var gone []*hcService
-	defer func() { // outside the lock: a request being answered takes it
-		for _, hc := range gone {
-			hc.close()
-		}
-	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return
 	}
+	// Close before opening, as kube-proxy's SyncServices does: a port one
+	// Service gives up may be the one another takes in the same table.
+	// close waits for no handler, so it may run under the lock.
 	for name, hc := range s.svcs {
 		if port, ok := want[name]; !ok || port != hc.port {
-			gone = append(gone, hc)
+			hc.close()
 			delete(s.svcs, name)
 			s.log.Info("health check node port closed", zap.Stringer("service", name), zap.Uint16("port", hc.port))
 		}
@@ -192,6 +189,7 @@ func (s *ServiceHealth) handler(name service.ServiceName) http.Handler {
 		healthy := s.healthy()
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(count))
 		if count > 0 && healthy {
 			w.WriteHeader(http.StatusOK)
 		} else {

@@ -38,6 +38,7 @@ type extRoutes struct {
 	logger *zap.Logger
 
 	mu       sync.Mutex
+	closed   bool                 // Close ran: Sync does nothing
 	mine     map[netip.Addr]bool  // routes run added
 	foreign  map[netip.Addr]bool  // routes that existed: never removed
 	unrouted map[netip.Addr]error // could not be routed, with why
@@ -55,6 +56,9 @@ func hostPrefix(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen
 func (r *extRoutes) Sync(want []netip.Addr) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
 	wanted := make(map[netip.Addr]bool, len(want))
 	for _, a := range want {
 		a = a.Unmap()
@@ -130,6 +134,7 @@ func (r *extRoutes) notes() []string {
 func (r *extRoutes) Close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.closed = true
 	for a := range r.mine {
 		r.remove(a)
 	}

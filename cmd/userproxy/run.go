@@ -146,6 +146,7 @@ func (f *runFlags) validate() error {
 	case f.maxInFlight <= 0 || f.maxInFlightClient <= 0 || f.maxUDPSessions <= 0 || f.handshakeTimeout <= 0:
 		return errors.New("--max-inflight, --max-inflight-per-client, --max-udp-sessions and --handshake-timeout must be positive")
 	}
+	f.nodeName = strings.ToLower(f.nodeName) // kube-proxy lowercases an override too
 	sched, err := balancer.ParseScheduler(f.scheduler, f.schedulerFlags)
 	if err != nil {
 		return fmt.Errorf("--scheduler: %w", err)
@@ -284,7 +285,8 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		return err
 	}
 	defer tracker.Close()
-	proxierHealth := admin.NewProxierHealth(tracker, admin.DefaultHealthTimeout, nil)
+	// kube-proxy's health state; the Node is watched with a cluster source.
+	proxierHealth := admin.NewProxierHealth(tracker, servedFamilies(f.serviceCIDRs.values), f.config == "", admin.DefaultHealthTimeout, nil)
 	sh := admin.NewServiceHealth(npAddrs, proxierHealth.IsHealthy, logger.Named("healthcheck"))
 	defer sh.Close()
 	serviceHealth.Store(sh)
@@ -348,12 +350,24 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	// deferred closes run: cancel first, then wait.
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
+	// The tracker goes first: a build timer firing during teardown would
+	// sync the routes and sockets the deferred closes take down.
+	defer func() { cancel(); wg.Wait(); tracker.Close() }()
 	srcErr := make(chan error, 1)
 	wg.Add(3)
 	go func() { defer wg.Done(); srcErr <- src.Run(ctx) }()
 	go func() { defer wg.Done(); px.Run(ctx) }()
 	go func() { defer wg.Done(); locals.run(ctx) }()
+	wg.Add(1)
+	go func() { // retries the sockets a taken port refused
+		defer wg.Done()
+		retryFailed(ctx, func() {
+			if t := px.Table(); t != nil && (len(nodePorts.Failed()) > 0 || len(sh.Failed()) > 0) {
+				nodePorts.Sync(t)
+				sh.Sync(t)
+			}
+		})
+	}()
 	if healthLn != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); proxierHealth.Serve(ctx, healthLn, logger.Named("healthz")) }()
@@ -412,11 +426,32 @@ func newSource(f *runFlags, h service.Handler, logger *zap.Logger) (objectSource
 		}
 		return s, nil, nil
 	}
+	if err := checkInClusterHost(f); err != nil {
+		return nil, nil, err
+	}
 	client, err := kube.NewClient(f.kubeconfig)
 	if err != nil {
 		return nil, nil, fmt.Errorf("API server: %w", err)
 	}
 	return kube.New(client, h, logger.Named("kube")), client, nil
+}
+
+// retryInterval is how often NodePorts and health check node ports that
+// could not be opened (a port taken on the host) are tried again.
+const retryInterval = 10 * time.Second
+
+// retryFailed calls retry every retryInterval until ctx is done.
+func retryFailed(ctx context.Context, retry func()) {
+	t := time.NewTicker(retryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			retry()
+		}
+	}
 }
 
 // readNode reads this node's Node once at start, so that the first table
@@ -434,6 +469,31 @@ func readNode(ctx context.Context, client kubernetes.Interface, f *runFlags, tra
 	if f.zone == "" {
 		tracker.SetZone(st.Zone)
 	}
+}
+
+// checkInClusterHost refuses an in-cluster configuration whose API server
+// address (KUBERNETES_SERVICE_HOST, the kubernetes Service's ClusterIP by
+// default) is inside a --service-cidr: run routes that CIDR into its own
+// TUN, and cannot serve the address before its first table, which needs the
+// API server. kube-proxy's DaemonSet has the same problem and solves it the
+// same way: the control plane's own address (examples/kubernetes).
+func checkInClusterHost(f *runFlags) error {
+	if f.kubeconfig != "" {
+		return nil
+	}
+	host := os.Getenv("KUBERNETES_SERVICE_HOST")
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return nil // a name, or none: the client says what is wrong
+	}
+	for _, p := range f.serviceCIDRs.values {
+		if p.Contains(a.Unmap()) {
+			return fmt.Errorf("the API server is reached at KUBERNETES_SERVICE_HOST=%s, inside --service-cidr %s, which userproxy itself serves, "+
+				"so it cannot reach the API server before its first table: set KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT "+
+				"to the control plane's address (examples/kubernetes reads them from the userproxy-apiserver ConfigMap), or give --kubeconfig", host, p)
+		}
+	}
+	return nil
 }
 
 // watchNode follows this node's Node (with a cluster source): its zone

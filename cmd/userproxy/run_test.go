@@ -112,3 +112,24 @@ func TestManifestArgsAreRunFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckInClusterHost: in cluster, an API server address inside a
+// --service-cidr is refused at start with what to do.
+func TestCheckInClusterHost(t *testing.T) {
+	var f runFlags
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	f.register(fs)
+	t.Setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+	if err := checkInClusterHost(&f); err == nil || !strings.Contains(err.Error(), "KUBERNETES_SERVICE_HOST=10.96.0.1") {
+		t.Fatalf("ClusterIP host: %v", err)
+	}
+	t.Setenv("KUBERNETES_SERVICE_HOST", "192.0.2.10")
+	if err := checkInClusterHost(&f); err != nil {
+		t.Fatalf("a control-plane address: %v", err)
+	}
+	f.kubeconfig = "/some/kubeconfig"
+	t.Setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+	if err := checkInClusterHost(&f); err != nil {
+		t.Fatalf("with --kubeconfig: %v", err)
+	}
+}

@@ -93,10 +93,19 @@ func newFlowSet() *flowSet {
 
 // track registers f and binds it on its conntrack entry (step 1). It
 // reports false when the entry is already gone (flushed or expired while
-// the endpoint was dialled): the caller must then end the flow itself and
-// untrack it.
+// the endpoint was dialled) or Shutdown has begun: the caller must then end
+// the flow itself and untrack it.
 func (p *Proxy) track(f *flow) bool {
 	p.flows.mu.Lock()
+	if p.closing.Load() {
+		// Shutdown began: its snapshots of the live flows, taken under
+		// this lock after it set closing, would miss this one.
+		p.flows.mu.Unlock()
+		if f.Counter != nil {
+			f.Removed(false)
+		}
+		return false
+	}
 	p.flows.live[f] = struct{}{}
 	p.flows.mu.Unlock()
 	if !p.ct.Bind(f.tuple, &f.Binding) {

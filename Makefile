@@ -59,7 +59,7 @@ bench: ## the benchmarks with real figures (see BENCHMARKS.md); the datapath one
 	$(GO) test -run='^$$' -bench=. -benchmem -count=5 ./balancer/ ./conntrack/ ./service/
 	$(GO) test -run='^$$' -bench=. -benchtime=2s ./integration/
 
-bench-harness: ## (root) side by side: direct veth, kernel iptables, userproxy on a TUN; prints BENCHMARKS.md's tables
+bench-harness: ## (root) side by side: direct veth, kernel iptables, the userspace peers (pasta, tun2socks), userproxy on a TUN; prints BENCHMARKS.md's tables
 	$(GO) run ./integration/bench $(BENCH_FLAGS)
 
 FUZZTIME ?= 30s

@@ -13,16 +13,19 @@ type path struct {
 	name            string
 	ns              string
 	tcp, udp, iperf string // targets
-	proxied         bool   // userproxy's CPU and RSS are read for it
+	pid             int    // the process doing the work (userproxy, a peer); 0: the kernel alone
+	ours            bool   // a userproxy row: ratios to the best peer too, profiles
+	peer            bool   // a userspace peer's row
+	why             string // not empty: the row is not run, and this says why
 }
 
 // A sample is one cell's figures of one repetition.
 type sample struct {
-	value, p99 float64 // the cell's figure; p99 latency for the RR cell
-	cpu        float64 // userproxy CPU seconds during the cell
-	hwm        int64   // userproxy peak RSS during the cell, KiB
+	value, p99 float64 // the cell's figure; p99 latency for the latency cells
+	cpu        float64 // the path's process's CPU seconds during the cell
+	hwm        int64   // its peak RSS during the cell, KiB
 	errors     int64
-	ops        float64 // operations (bits for the bulk cell) in the cell, for CPU per op
+	ops        float64 // operations (bytes for the bulk cells) in the cell, for CPU per op
 }
 
 type cell struct {
@@ -30,14 +33,26 @@ type cell struct {
 	run        func(h *harness, p path) (sample, error)
 }
 
+// kernelPath is the index of the kernel row in paths(), the ratios' base.
+const kernelPath = 1
+
 func (h *harness) paths() []path {
-	return []path{
+	ps := []path{
 		{name: "veth, no NAT (direct)", ns: h.topo.k, tcp: endpointAddr(0) + ":8080", udp: endpointAddr(0) + ":5353", iperf: endpointAddr(0) + ":5201"},
 		{name: "kernel iptables (kube-proxy rules)", ns: h.topo.k, tcp: tcpService, udp: udpService, iperf: iperfService},
-		{name: "userproxy (TUN)", ns: h.topo.u, tcp: tcpService, udp: udpService, iperf: iperfService, proxied: true},
-		{name: "userproxy (NodePort on 127.0.0.1)", ns: h.topo.u, tcp: fmt.Sprintf("127.0.0.1:%d", nodePortTCP),
-			udp: fmt.Sprintf("127.0.0.1:%d", nodePortUDP), iperf: fmt.Sprintf("127.0.0.1:%d", nodePortIperf), proxied: true},
 	}
+	for _, pr := range h.peers {
+		p := path{name: pr.name, ns: pr.ns, tcp: tcpService, udp: udpService, iperf: iperfService, peer: true, why: pr.why}
+		if pr.why == "" {
+			p.pid = pr.proc.cmd.Process.Pid
+		}
+		ps = append(ps, p)
+	}
+	pid := h.proxy.cmd.Process.Pid
+	return append(ps,
+		path{name: "userproxy (TUN)", ns: h.topo.u, tcp: tcpService, udp: udpService, iperf: iperfService, pid: pid, ours: true},
+		path{name: "userproxy (NodePort on 127.0.0.1)", ns: h.topo.u, tcp: fmt.Sprintf("127.0.0.1:%d", nodePortTCP),
+			udp: fmt.Sprintf("127.0.0.1:%d", nodePortUDP), iperf: fmt.Sprintf("127.0.0.1:%d", nodePortIperf), pid: pid, ours: true})
 }
 
 func (h *harness) cells() []cell {
@@ -59,32 +74,14 @@ func (h *harness) cells() []cell {
 
 func (h *harness) allCells() []cell {
 	d := h.o.duration
-	secs := fmt.Sprintf("%d", max(1, int(d.Seconds()+0.5)))
 	limit := d + 30*time.Second
 	return []cell{
-		{"TCP 1 stream", "Gbit/s", func(h *harness, p path) (sample, error) {
-			host, port, _ := strings.Cut(p.iperf, ":")
-			out, err := inNS(p.ns, limit, "iperf3", "-c", host, "-p", port, "-t", secs, "-J")
-			if err != nil {
-				return sample{}, err
-			}
-			var r struct {
-				End struct {
-					SumReceived struct {
-						BitsPerSecond float64 `json:"bits_per_second"`
-						Bytes         float64 `json:"bytes"`
-					} `json:"sum_received"`
-				} `json:"end"`
-				Error string `json:"error"`
-			}
-			if err := json.Unmarshal(out, &r); err != nil {
-				return sample{}, fmt.Errorf("iperf3 output: %w", err)
-			}
-			if r.Error != "" {
-				return sample{}, fmt.Errorf("iperf3: %s", r.Error)
-			}
-			return sample{value: r.End.SumReceived.BitsPerSecond / 1e9, ops: r.End.SumReceived.Bytes}, nil
+		{"connect p50 / p99 (sequential)", "µs", func(h *harness, p path) (sample, error) {
+			r, err := h.load(p.ns, limit, "-mode", "connect", "-target", p.tcp, "-count", "20000", "-duration", d.String())
+			return sample{value: r.P50us, p99: r.P99us, errors: r.Errors, ops: float64(r.Ops)}, err
 		}},
+		{"TCP 1 stream up", "Gbit/s", func(h *harness, p path) (sample, error) { return h.iperf3(p, false) }},
+		{"TCP 1 stream down", "Gbit/s", func(h *harness, p path) (sample, error) { return h.iperf3(p, true) }},
 		{"TCP conn/s (64 workers)", "conn/s", func(h *harness, p path) (sample, error) {
 			r, err := h.load(p.ns, limit, "-mode", "conn", "-target", p.tcp, "-workers", "64", "-duration", d.String())
 			return sample{value: r.Rate, errors: r.Errors, ops: float64(r.Ops)}, err
@@ -100,41 +97,56 @@ func (h *harness) allCells() []cell {
 	}
 }
 
+// iperf3 runs one iperf3 stream over p: client to endpoint (up), or with
+// -R endpoint to client (down); the figure is what the receiver counted.
+func (h *harness) iperf3(p path, down bool) (sample, error) {
+	host, port, _ := strings.Cut(p.iperf, ":")
+	args := []string{"-c", host, "-p", port, "-t", fmt.Sprint(max(1, int(h.o.duration.Seconds()+0.5))), "-J"}
+	if down {
+		args = append(args, "-R")
+	}
+	out, err := inNS(p.ns, h.o.duration+30*time.Second, "iperf3", args...)
+	if err != nil {
+		return sample{}, err
+	}
+	var r struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+				Bytes         float64 `json:"bytes"`
+			} `json:"sum_received"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		return sample{}, fmt.Errorf("iperf3 output: %w", err)
+	}
+	if r.Error != "" {
+		return sample{}, fmt.Errorf("iperf3: %s", r.Error)
+	}
+	return sample{value: r.End.SumReceived.BitsPerSecond / 1e9, ops: r.End.SumReceived.Bytes}, nil
+}
+
 // datapath runs every cell on every path, repetition by repetition
 // (interleaved, so a slow minute of the machine touches all paths alike),
-// and prints the medians with their ratio to the kernel path.
+// and prints the medians with their ratios to the kernel path and, for
+// userproxy, to the best peer.
 func (h *harness) datapath() error {
 	paths, cells := h.paths(), h.cells()
 	samples := make([][][]sample, len(cells)) // [cell][path][rep]
 	for c := range cells {
 		samples[c] = make([][]sample, len(paths))
 	}
-	pid := h.proxy.cmd.Process.Pid
 	for rep := range h.o.reps {
 		for c, cl := range cells {
 			for pi, p := range paths {
-				if p.proxied {
-					_ = resetPeak(pid)
+				if p.why != "" {
+					continue
 				}
-				var prof *proc
-				if p.proxied && rep == 0 && h.o.profile != "" {
-					prof = h.startProfile(cl.name)
-				}
-				cpu0, _ := cpuSeconds(pid)
-				s, err := cl.run(h, p)
-				if prof != nil {
-					if perr := prof.wait(h.o.duration + 30*time.Second); perr != nil {
-						h.fail("profile of %s: %v", cl.name, perr)
-					}
-				}
+				s, err := h.runCell(cl, p, rep)
 				if err != nil {
 					h.fail("%s over %s (repetition %d): %v", cl.name, p.name, rep+1, err)
 					continue
-				}
-				if p.proxied {
-					cpu1, _ := cpuSeconds(pid)
-					s.cpu = cpu1 - cpu0
-					s.hwm, _ = memKB(pid, "VmHWM")
 				}
 				if s.errors > 0 {
 					fmt.Fprintf(h.o.out, "  (%s over %s, repetition %d: %d failed operations)\n", cl.name, p.name, rep+1, s.errors)
@@ -143,34 +155,58 @@ func (h *harness) datapath() error {
 			}
 		}
 	}
+	h.printDatapath(paths, cells, samples)
+	return nil
+}
 
-	fmt.Fprintf(h.o.out, "## Datapath (medians; in brackets the ratio to the kernel path)\n\n")
+// runCell runs one cell over one path, with the CPU and peak RSS of the
+// path's process.
+func (h *harness) runCell(cl cell, p path, rep int) (sample, error) {
+	if p.pid != 0 {
+		_ = resetPeak(p.pid)
+	}
+	var prof *proc
+	if p.ours && rep == 0 && h.o.profile != "" {
+		prof = h.startProfile(cl.name)
+	}
+	var cpu0 float64
+	if p.pid != 0 {
+		cpu0, _ = cpuSeconds(p.pid)
+	}
+	s, err := cl.run(h, p)
+	if prof != nil {
+		if perr := prof.wait(h.o.duration + 30*time.Second); perr != nil {
+			h.fail("profile of %s: %v", cl.name, perr)
+		}
+	}
+	if err == nil && p.pid != 0 {
+		cpu1, _ := cpuSeconds(p.pid)
+		s.cpu = cpu1 - cpu0
+		s.hwm, _ = memKB(p.pid, "VmHWM")
+	}
+	return s, err
+}
+
+func (h *harness) printDatapath(paths []path, cells []cell, samples [][][]sample) {
+	fmt.Fprintf(h.o.out, "## Datapath (medians; in brackets the ratio to the kernel path and, for userproxy, to the best peer: above 1 is more for rates, slower for latencies)\n\n")
 	fmt.Fprintf(h.o.out, "| path |")
 	for _, cl := range cells {
 		fmt.Fprintf(h.o.out, " %s |", cl.name)
 	}
 	fmt.Fprintf(h.o.out, "\n|---|%s\n", strings.Repeat("---|", len(cells)))
-	const kernel = 1
 	for pi, p := range paths {
 		fmt.Fprintf(h.o.out, "| %s |", p.name)
+		if p.why != "" {
+			fmt.Fprintf(h.o.out, " not run: %s |%s\n", strings.ReplaceAll(p.why, "|", "/"), strings.Repeat(" – |", len(cells)-1))
+			continue
+		}
 		for c, cl := range cells {
-			m, k := median(samples[c][pi], false), median(samples[c][kernel], false)
-			switch {
-			case m == 0:
-				fmt.Fprintf(h.o.out, " – |")
-			case cl.unit == "µs":
-				fmt.Fprintf(h.o.out, " %.0f / %.0f µs (%.2fx / %.2fx) |", m, median(samples[c][pi], true),
-					m/k, median(samples[c][pi], true)/median(samples[c][kernel], true))
-			case cl.unit == "Gbit/s":
-				fmt.Fprintf(h.o.out, " %.2f Gbit/s (%.2fx) |", m, m/k)
-			default:
-				fmt.Fprintf(h.o.out, " %.0f (%.2fx) |", m, m/k)
-			}
+			fmt.Fprintf(h.o.out, " %s |", formatCell(cl, paths, samples[c], pi))
 		}
 		fmt.Fprintln(h.o.out)
 	}
 	for pi, p := range paths {
-		if !p.proxied {
+		if p.pid == 0 || p.why != "" {
 			continue
 		}
 		fmt.Fprintf(h.o.out, "| %s: CPU per cell (per operation) / peak RSS |", p.name)
@@ -192,7 +228,52 @@ func (h *harness) datapath() error {
 		fmt.Fprintln(h.o.out)
 	}
 	fmt.Fprintln(h.o.out)
-	return nil
+}
+
+// formatCell prints path pi's median of one cell with its ratios: to the
+// kernel path, and for userproxy's rows to the best peer (the highest rate,
+// the lowest latency) when a peer ran.
+func formatCell(cl cell, paths []path, ss [][]sample, pi int) string {
+	m := median(ss[pi], false)
+	if m == 0 {
+		return "–"
+	}
+	k := median(ss[kernelPath], false)
+	latency := cl.unit == "µs"
+	best := func(p99 bool) float64 {
+		var b float64
+		for i, p := range paths {
+			v := median(ss[i], p99)
+			if !p.peer || v == 0 {
+				continue
+			}
+			if b == 0 || latency && v < b || !latency && v > b {
+				b = v
+			}
+		}
+		return b
+	}
+	ratio := func(a, b float64) string {
+		if b == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.2fx", a/b)
+	}
+	peer := ""
+	switch {
+	case latency:
+		m99 := median(ss[pi], true)
+		if paths[pi].ours && best(false) != 0 {
+			peer = fmt.Sprintf("; %s / %s best peer", ratio(m, best(false)), ratio(m99, best(true)))
+		}
+		return fmt.Sprintf("%.0f / %.0f µs (%s / %s%s)", m, m99, ratio(m, k), ratio(m99, median(ss[kernelPath], true)), peer)
+	case paths[pi].ours && best(false) != 0:
+		peer = fmt.Sprintf("; %s best peer", ratio(m, best(false)))
+	}
+	if cl.unit == "Gbit/s" {
+		return fmt.Sprintf("%.2f Gbit/s (%s%s)", m, ratio(m, k), peer)
+	}
+	return fmt.Sprintf("%.0f (%s%s)", m, ratio(m, k), peer)
 }
 
 func median(ss []sample, p99 bool) float64 {

@@ -19,6 +19,8 @@ type options struct {
 	reps       int
 	duration   time.Duration
 	userproxy  string
+	pasta      string // the peers' binaries (default: from PATH)
+	tun2socks  string
 	profile    string // directory for CPU profiles of userproxy, one per cell
 	cells      string // only the datapath cells whose names contain one of these words
 	datapath   bool   // only the datapath table
@@ -38,6 +40,8 @@ func harnessMain(args []string) error {
 	fs.IntVar(&o.reps, "reps", 3, "interleaved repetitions per cell (the median is reported)")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of each datapath cell")
 	fs.StringVar(&o.userproxy, "userproxy", "", "the userproxy binary (default: go build ./cmd/userproxy)")
+	fs.StringVar(&o.pasta, "pasta", "", "the pasta binary of the pasta row (default: pasta from PATH; apt-get install passt)")
+	fs.StringVar(&o.tun2socks, "tun2socks", "", "the tun2socks binary of the tun2socks row (default: tun2socks from PATH)")
 	fs.StringVar(&o.profile, "profile", "", "save a CPU profile of userproxy per datapath cell (first repetition) in this directory")
 	fs.StringVar(&o.cells, "cells", "", "comma-separated: only the datapath cells whose names contain one of these (e.g. conn,UDP)")
 	fs.StringVar(&o.proxyEnv, "proxy-env", "", "comma-separated KEY=VALUE added to userproxy's environment (e.g. GOGC=400)")
@@ -130,6 +134,7 @@ type harness struct {
 	backends *proc
 	iperf    *proc
 	proxy    *proc
+	peers    []*peer
 	failures []string
 }
 
@@ -166,6 +171,9 @@ func (h *harness) setUp() error {
 	if _, err := h.loadKernelRules(time.Minute); err != nil {
 		return err
 	}
+	if _, err := h.loadRules(h.topo.p, time.Minute); err != nil {
+		return err
+	}
 	adminFlags := []string{"--admin-addr", ""}
 	if h.o.profile != "" {
 		adminFlags = []string{"--admin-addr", adminAddr, "--profiling"}
@@ -194,10 +202,12 @@ func (h *harness) setUp() error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	h.startPeers()
 	return nil
 }
 
 func (h *harness) close() {
+	h.stopPeers()
 	for _, p := range []*proc{h.proxy, h.iperf, h.backends} {
 		if p != nil {
 			if err := p.stop(10 * time.Second); err != nil && p == h.proxy {
@@ -213,6 +223,12 @@ func (h *harness) close() {
 // loadKernelRules loads what `userproxy rules` prints for the current config
 // into K, as kube-proxy's sync does, and returns how long the restore took.
 func (h *harness) loadKernelRules(timeout time.Duration) (time.Duration, error) {
+	return h.loadRules(h.topo.k, timeout)
+}
+
+// loadRules loads what `userproxy rules` prints for the current config into
+// namespace ns and returns how long the restore took.
+func (h *harness) loadRules(ns string, timeout time.Duration) (time.Duration, error) {
 	rules, err := exec.Command(h.o.userproxy, "rules", "--config", h.cfg, "--format", "restore", "--jump-rules").Output()
 	if err != nil {
 		return 0, fmt.Errorf("userproxy rules: %w", err)
@@ -222,7 +238,7 @@ func (h *harness) loadKernelRules(timeout time.Duration) (time.Duration, error) 
 		return 0, err
 	}
 	start := time.Now()
-	_, err = inNS(h.topo.k, timeout, "iptables-restore", rulesFile)
+	_, err = inNS(ns, timeout, "iptables-restore", rulesFile)
 	return time.Since(start), err
 }
 
@@ -248,6 +264,13 @@ func (h *harness) machine() {
 	fmt.Fprintf(h.o.out, "# userproxy benchmark harness, %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(h.o.out, "- machine: %s, %d CPUs, %s; %s; %s\n", strings.TrimSpace(string(uname)), runtime.NumCPU(),
 		runtime.Version(), strings.TrimSpace(string(ipt)), strings.TrimSpace(first))
+	for _, pr := range h.peers {
+		if pr.why != "" {
+			fmt.Fprintf(h.o.out, "- peer %s: not run: %s\n", pr.name, pr.why)
+		} else {
+			fmt.Fprintf(h.o.out, "- peer %s: %s\n", pr.name, strings.TrimSpace(pr.version))
+		}
+	}
 	fmt.Fprintf(h.o.out, "- topology: client namespace -> veth -> endpoints namespace; %d repetition(s), interleaved, %v per datapath cell\n\n",
 		h.o.reps, h.o.duration)
 }

@@ -11,8 +11,10 @@ import (
 
 // TestHarnessShort runs the whole harness in short mode (about a second per
 // cell) as CI does, so that it keeps working: every cell must produce a
-// figure on every path, and the memory and control-plane tables must be
-// complete. The figures themselves are not judged here (see BENCHMARKS.md).
+// figure on every path that runs, each userspace peer found on this machine
+// must run (pasta always in CI, which installs passt), a peer not found must
+// say why, and the memory and control-plane tables must be complete. The
+// figures themselves are not judged here (see BENCHMARKS.md).
 func TestHarnessShort(t *testing.T) {
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
@@ -39,14 +41,44 @@ func TestHarnessShort(t *testing.T) {
 		t.Fatalf("harness: %v", err)
 	}
 	text := string(out)
+	rows := []string{"veth, no NAT (direct)", "kernel iptables (kube-proxy rules)", "userproxy (TUN)", "userproxy (NodePort on 127.0.0.1)"}
+	for _, peer := range []struct{ row, bin string }{{"pasta (passt, tap)", "pasta"}, {"tun2socks (gVisor, TUN)", "tun2socks"}} {
+		if _, err := exec.LookPath(peer.bin); err == nil {
+			rows = append(rows, peer.row)
+			continue
+		} else if peer.bin == "pasta" && os.Getenv("CI") != "" {
+			t.Errorf("CI installs passt (.ci/run), but: %v", err)
+		}
+		if !strings.Contains(text, "- peer "+peer.row+": not run: ") || !strings.Contains(text, "| "+peer.row+" | not run: ") {
+			t.Errorf("%s is not installed, and the output does not say so", peer.bin)
+		}
+	}
+	// A complete row: every datapath cell begins with a figure and its
+	// ratio to the kernel path; userproxy's also carry the best peer's.
 	figure := `[0-9]+(\.[0-9]+)?`
-	for _, row := range []string{
-		`\| veth, no NAT \(direct\) \|`, `\| kernel iptables \(kube-proxy rules\) \|`, `\| userproxy \(TUN\) \|`,
-	} {
-		re := regexp.MustCompile(row + ` ` + figure + ` Gbit/s \(` + figure + `x\) \| ` + figure + ` \(` + figure + `x\) \| ` +
-			figure + ` / ` + figure + ` µs .* \| ` + figure + ` \(` + figure + `x\) \|`)
-		if !re.MatchString(text) {
-			t.Errorf("no complete datapath row matching %s", row)
+	value := regexp.MustCompile(`^` + figure + `( / ` + figure + `)? (Gbit/s |µs )?\(` + figure + `x`)
+	for _, row := range rows {
+		var cells []string
+		for _, l := range strings.Split(text, "\n") {
+			if c, ok := strings.CutPrefix(l, "| "+row+" | "); ok {
+				cells = strings.Split(strings.TrimSuffix(c, " |"), " | ")
+				break
+			}
+		}
+		if len(cells) != 6 {
+			t.Errorf("datapath row %q: %d cells, want 6: %q", row, len(cells), cells)
+			continue
+		}
+		for i, c := range cells {
+			if !value.MatchString(c) {
+				t.Errorf("datapath row %q, cell %d: no figure: %q", row, i+1, c)
+			}
+			if strings.HasPrefix(row, "userproxy") && len(rows) > 4 && !strings.Contains(c, "best peer") {
+				t.Errorf("datapath row %q, cell %d: no ratio to the best peer: %q", row, i+1, c)
+			}
+		}
+		if row != rows[0] && row != rows[1] && !strings.Contains(text, "| "+row+": CPU per cell (per operation) / peak RSS | ") {
+			t.Errorf("no CPU row for %q", row)
 		}
 	}
 	for _, want := range []string{"idle proxied TCP connections |", "UDP flows |", "conntrack entries", "| 1000 |", "| userproxy (TUN) | "} {

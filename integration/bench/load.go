@@ -37,18 +37,21 @@ const maxSamples = 1 << 20
 //	rr       one connection, (write size, read size) until duration
 //	udp      workers x one connected socket, (send size, await the echo)
 //	lat      connect latency to each target in turn, count times each
+//	connect  one client, sequential connects (each then echoes size and
+//	         closes), at most count, until duration; p50/p99 of the connect
+//	         alone (SYN sent to established)
 //	hold     open count TCP connections (one echo each), print a line,
 //	         hold them until standard input closes
 //	holdudp  the same with count UDP sockets
 func loadMain(args []string) error {
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
-	mode := fs.String("mode", "conn", "conn, rr, udp, lat, hold or holdudp")
+	mode := fs.String("mode", "conn", "conn, rr, udp, lat, connect, hold or holdudp")
 	target := fs.String("target", "", "ip:port")
 	targets := fs.String("targets", "", "comma-separated ip:port (mode lat)")
 	duration := fs.Duration("duration", 5*time.Second, "how long to run (conn, rr, udp)")
 	workers := fs.Int("workers", 64, "concurrent workers (conn, udp, hold)")
 	size := fs.Int("size", 64, "bytes each way per operation")
-	count := fs.Int("count", 1000, "connections or flows (hold, holdudp), connects per target (lat)")
+	count := fs.Int("count", 1000, "connections or flows (hold, holdudp), connects per target (lat), most connects (connect)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -65,6 +68,8 @@ func loadMain(args []string) error {
 		res, err = runUDP(*target, *size, *workers, *duration)
 	case "lat":
 		res, err = runLat(strings.Split(*targets, ","), *count)
+	case "connect":
+		res = runConnect(*target, *size, *count, *duration)
 	case "hold", "holdudp":
 		return runHold(*mode == "holdudp", *target, *count, *workers)
 	default:
@@ -201,6 +206,30 @@ func runUDP(target string, size, n int, d time.Duration) (loadResult, error) {
 		_, err := c.Read(w.buf)
 		return err
 	}), nil
+}
+
+// runConnect times count sequential connects, or as many as fit in d.
+func runConnect(target string, size, count int, d time.Duration) loadResult {
+	w := &worker{buf: make([]byte, size)}
+	start := time.Now()
+	for i := 0; i < count && time.Since(start) < d; i++ {
+		t0 := time.Now()
+		c, err := net.DialTimeout("tcp", target, 2*time.Second)
+		if err == nil {
+			connected := time.Since(t0)
+			if err = echo(c, w.buf); err == nil {
+				w.record(connected)
+			}
+			c.Close()
+		}
+		if err != nil {
+			w.errs++
+			if w.firstEr == nil {
+				w.firstEr = err
+			}
+		}
+	}
+	return summarize([]*worker{w}, time.Since(start))
 }
 
 func runLat(targets []string, count int) (loadResult, error) {

@@ -14,6 +14,8 @@ func main() {
 		err = serveMain(os.Args[2:])
 	case len(os.Args) > 1 && os.Args[1] == "load":
 		err = loadMain(os.Args[2:])
+	case len(os.Args) > 2 && os.Args[1] == "tunexec":
+		err = tunExec(os.Args[2], os.Args[3:])
 	case len(os.Args) == 4 && os.Args[1] == "fetch":
 		err = fetch(os.Args[2], os.Args[3])
 	default:

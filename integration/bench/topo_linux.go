@@ -12,22 +12,37 @@ import (
 // The topology, all in namespaces made here and removed at the end:
 //
 //	K (kernel + direct client) 192.0.2.1/25 --veth-- 192.0.2.126/25 \
-//	                                                                  B: endpoints 198.51.100.1-10 on lo
-//	U (userproxy client)     192.0.2.129/25 --veth-- 192.0.2.254/25 /
+//	U (userproxy client)     192.0.2.129/25 --veth-- 192.0.2.254/25 -- B: endpoints 198.51.100.1-10 on lo
+//	P (the peers' host side)  203.0.113.1/26 --veth-- 203.0.113.62/26 /
+//	PC (pasta's client): pasta's tap, pasta runs in P
+//	TC (tun2socks' client): a TUN whose file descriptor tun2socks, in P, holds
 //
 // K routes the service CIDR and the endpoints to B; its iptables nat table
 // holds what `userproxy rules` prints. U routes the endpoints to B, and
-// userproxy routes the service CIDR into its TUN. Nothing routes out.
+// userproxy routes the service CIDR into its TUN. P is K again for the
+// userspace peers, which translate their client's packets into sockets of
+// P: the same routes and the same kernel rules (a peer has no service table
+// of its own; on a node it would sit beside kube-proxy), so a peer's client
+// dials the same ClusterIPs and reaches the same endpoints. PC and TC route
+// everything into their peer's device; nothing routes out of B.
 const (
 	serviceCIDR = "10.96.0.0/12"
 	endpointNet = "198.51.100.0/24"
 	kAddr, kGW  = "192.0.2.1/25", "192.0.2.126/25"
 	uAddr, uGW  = "192.0.2.129/25", "192.0.2.254/25"
+	pAddr, pGW  = "203.0.113.1/26", "203.0.113.62/26"
 	tunName     = "upbench0"
+	pVeth       = "pc0"      // P's veth, the interface pasta copies into PC
+	t2sTUN      = "t2sbench" // tun2socks' TUN in TC
+	t2sAddr     = "203.0.113.65/32"
+	// peerMTU is the MTU of the peers' devices: userproxy's TUN default
+	// (and pasta's), so that every userspace row moves packets of one size.
+	peerMTU = 65520
 )
 
 type topology struct {
-	b, k, u string // namespace names
+	b, k, u   string // namespace names
+	p, pc, tc string
 }
 
 // ipCmd runs `ip args...` and returns its error with the output.
@@ -58,10 +73,12 @@ func inNS(ns string, timeout time.Duration, name string, args ...string) ([]byte
 
 func newTopology() (*topology, error) {
 	p := fmt.Sprintf("upbench-%d-", os.Getpid())
-	t := &topology{b: p + "b", k: p + "k", u: p + "u"}
-	steps := [][]string{
-		{"netns", "add", t.b}, {"netns", "add", t.k}, {"netns", "add", t.u},
-		{"-n", t.b, "link", "set", "lo", "up"}, {"-n", t.k, "link", "set", "lo", "up"}, {"-n", t.u, "link", "set", "lo", "up"},
+	t := &topology{b: p + "b", k: p + "k", u: p + "u", p: p + "p", pc: p + "pc", tc: p + "tc"}
+	var steps [][]string
+	for _, ns := range t.all() {
+		steps = append(steps, []string{"netns", "add", ns}, []string{"-n", ns, "link", "set", "lo", "up"})
+	}
+	steps = append(steps, [][]string{
 		{"-n", t.k, "link", "add", "kc0", "type", "veth", "peer", "name", "kb0", "netns", t.b},
 		{"-n", t.u, "link", "add", "uc0", "type", "veth", "peer", "name", "ub0", "netns", t.b},
 		{"-n", t.k, "addr", "add", kAddr, "dev", "kc0"}, {"-n", t.b, "addr", "add", kGW, "dev", "kb0"},
@@ -71,7 +88,17 @@ func newTopology() (*topology, error) {
 		{"-n", t.k, "route", "add", endpointNet, "via", strings.Split(kGW, "/")[0]},
 		{"-n", t.k, "route", "add", serviceCIDR, "via", strings.Split(kGW, "/")[0]},
 		{"-n", t.u, "route", "add", endpointNet, "via", strings.Split(uGW, "/")[0]},
-	}
+		{"-n", t.p, "link", "add", pVeth, "type", "veth", "peer", "name", "pb0", "netns", t.b},
+		{"-n", t.p, "addr", "add", pAddr, "dev", pVeth}, {"-n", t.b, "addr", "add", pGW, "dev", "pb0"},
+		{"-n", t.p, "link", "set", pVeth, "up"}, {"-n", t.b, "link", "set", "pb0", "up"},
+		{"-n", t.p, "route", "add", endpointNet, "via", strings.Split(pGW, "/")[0]},
+		{"-n", t.p, "route", "add", serviceCIDR, "via", strings.Split(pGW, "/")[0]},
+		// tun2socks' TUN, persistent until TC goes; tun2socks attaches to it.
+		{"-n", t.tc, "tuntap", "add", "dev", t2sTUN, "mode", "tun"},
+		{"-n", t.tc, "link", "set", t2sTUN, "mtu", fmt.Sprint(peerMTU), "up"},
+		{"-n", t.tc, "addr", "add", t2sAddr, "dev", t2sTUN},
+		{"-n", t.tc, "route", "add", "default", "dev", t2sTUN},
+	}...)
 	for i := range endpoints {
 		steps = append(steps, []string{"-n", t.b, "addr", "add", endpointAddr(i) + "/32", "dev", "lo"})
 	}
@@ -83,7 +110,7 @@ func newTopology() (*topology, error) {
 	}
 	// Many short connections in a few seconds: the whole port range, and
 	// TIME_WAIT reuse for outgoing connections (both are per namespace).
-	for _, ns := range []string{t.b, t.k, t.u} {
+	for _, ns := range t.all() {
 		if _, err := inNS(ns, 10*time.Second, "sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65000", "net.ipv4.tcp_tw_reuse=1"); err != nil {
 			t.remove()
 			return nil, err
@@ -92,9 +119,12 @@ func newTopology() (*topology, error) {
 	return t, nil
 }
 
-// remove deletes the namespaces (their veths go with them).
+// all lists the namespaces, B last.
+func (t *topology) all() []string { return []string{t.k, t.u, t.p, t.pc, t.tc, t.b} }
+
+// remove deletes the namespaces (their veths and TUNs go with them).
 func (t *topology) remove() {
-	for _, ns := range []string{t.k, t.u, t.b} {
+	for _, ns := range t.all() {
 		_ = ipCmd("netns", "del", ns)
 	}
 }

@@ -1,17 +1,23 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"io"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
+	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/yaml"
 
+	"github.com/userproxy/userproxy/admin"
 	"github.com/userproxy/userproxy/service"
+	"github.com/userproxy/userproxy/source/kube"
 )
 
 // --handshake-timeout runs from the client's SYN, the endpoint dial within
@@ -131,5 +137,51 @@ func TestCheckInClusterHost(t *testing.T) {
 	t.Setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
 	if err := checkInClusterHost(&f); err != nil {
 		t.Fatalf("with --kubeconfig: %v", err)
+	}
+}
+
+// TestReadAndWatchNode: run's wiring of the Node: read at start (the first
+// table uses its zone), then watched; --zone overrides the label, and the
+// autoscaler's taint makes the node ineligible.
+func TestReadAndWatchNode(t *testing.T) {
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{v1.LabelTopologyZone: "zone-a"}}}
+	for _, override := range []string{"", "zone-x"} {
+		client := fake.NewClientset(node.DeepCopy())
+		tr, err := service.NewTracker(service.Config{Zone: override})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ph := admin.NewProxierHealth(tr, nil, true, 0, nil)
+		f := &runFlags{nodeName: "node-a", zone: override}
+		ctx, cancel := context.WithCancel(context.Background())
+		readNode(ctx, client, f, tr, ph, zap.NewNop())
+		wantZone := "zone-a"
+		if override != "" {
+			wantZone = override
+		}
+		if tr.Zone() != wantZone || !ph.NodeEligible() {
+			t.Fatalf("--zone %q, after the read: zone %q eligible %v", override, tr.Zone(), ph.NodeEligible())
+		}
+		done := make(chan struct{})
+		go func() { defer close(done); watchNode(ctx, client, f, tr, ph, zap.NewNop()) }()
+		tainted := node.DeepCopy()
+		tainted.Labels[v1.LabelTopologyZone] = "zone-b"
+		tainted.Spec.Taints = []v1.Taint{{Key: kube.ToBeDeletedTaint, Effect: v1.TaintEffectNoSchedule}}
+		if _, err := client.CoreV1().Nodes().Update(ctx, tainted, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if override == "" {
+			wantZone = "zone-b"
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for ph.NodeEligible() || tr.Zone() != wantZone {
+			if time.Now().After(deadline) {
+				t.Fatalf("--zone %q, after the taint: zone %q eligible %v", override, tr.Zone(), ph.NodeEligible())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancel()
+		<-done
+		tr.Close()
 	}
 }

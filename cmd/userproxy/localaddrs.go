@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net"
 	"net/netip"
 	"slices"
 	"sync/atomic"
@@ -32,16 +31,14 @@ func newLocalSources(clusterCIDRs []netip.Prefix, logger *zap.Logger) *localSour
 // refresh re-reads the host's interface addresses; on an error the last
 // set stays.
 func (l *localSources) refresh() {
-	addrs, err := net.InterfaceAddrs()
+	addrs, err := interfaceAddrs()
 	if err != nil {
 		l.logger.Warn("reading this host's addresses", zap.Error(err))
 		return
 	}
 	m := make(map[netip.Addr]struct{}, len(addrs))
 	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			m[p.Addr().Unmap()] = struct{}{}
-		}
+		m[a] = struct{}{}
 	}
 	l.addrs.Store(&m)
 }

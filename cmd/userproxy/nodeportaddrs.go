@@ -14,40 +14,42 @@ import (
 // the node's (examples/kubernetes).
 const defaultNodePortAddresses = "127.0.0.0/8,::1/128"
 
-// nodePortAddrs resolves --nodeport-addresses (kube-proxy's syntax: a
-// comma-separated list of CIDRs, or "primary" for the node's primary
-// address of each family) to the host's own addresses it covers.
-func nodePortAddrs(spec string) ([]netip.Addr, error) {
-	spec = strings.TrimSpace(spec)
-	if spec == "" {
-		return nil, nil
-	}
-	var cidrs []netip.Prefix
-	var primary bool
+// parseNodePortAddresses parses --nodeport-addresses, kube-proxy's syntax:
+// a comma-separated list of CIDRs (host bits dropped, as kube-proxy's
+// sloppy parsing does) and the keyword "primary".
+func parseNodePortAddresses(spec string) (cidrs []netip.Prefix, primary bool, err error) {
 	for _, part := range strings.Split(spec, ",") {
 		part = strings.TrimSpace(part)
-		if part == "primary" {
+		switch part {
+		case "":
+			continue
+		case "primary":
 			primary = true
 			continue
 		}
 		p, err := netip.ParsePrefix(part)
 		if err != nil {
-			return nil, fmt.Errorf("--nodeport-addresses: %q: want CIDRs or \"primary\": %w", part, err)
+			return nil, false, fmt.Errorf("--nodeport-addresses: %q: want CIDRs or \"primary\": %w", part, err)
 		}
 		cidrs = append(cidrs, p.Masked())
 	}
-	ifAddrs, err := net.InterfaceAddrs()
+	return cidrs, primary, nil
+}
+
+// nodePortAddrs resolves --nodeport-addresses to the host's own addresses
+// it covers ("primary": the node's primary address of each family).
+func nodePortAddrs(spec string) ([]netip.Addr, error) {
+	cidrs, primary, err := parseNodePortAddresses(spec)
+	if err != nil || (len(cidrs) == 0 && !primary) {
+		return nil, err
+	}
+	host, err := interfaceAddrs()
 	if err != nil {
 		return nil, fmt.Errorf("--nodeport-addresses: reading this host's addresses: %w", err)
 	}
 	var out []netip.Addr
-	for _, a := range ifAddrs {
-		p, err := netip.ParsePrefix(a.String())
-		if err != nil || p.Addr().IsLinkLocalUnicast() {
-			continue
-		}
-		addr := p.Addr().Unmap()
-		if slices.ContainsFunc(cidrs, func(c netip.Prefix) bool { return c.Contains(addr) }) && !slices.Contains(out, addr) {
+	for _, addr := range host {
+		if !addr.IsLinkLocalUnicast() && slices.ContainsFunc(cidrs, func(c netip.Prefix) bool { return c.Contains(addr) }) && !slices.Contains(out, addr) {
 			out = append(out, addr)
 		}
 	}
@@ -65,6 +67,31 @@ func nodePortAddrs(spec string) ([]netip.Addr, error) {
 	slices.SortFunc(out, netip.Addr.Compare)
 	if len(out) == 0 {
 		return nil, fmt.Errorf("--nodeport-addresses %q covers none of this host's addresses", spec)
+	}
+	return out, nil
+}
+
+// interfaceAddrs lists this host's interface addresses, as kube-proxy's
+// NodePortAddresses.GetNodeIPs reads them (net.InterfaceAddrs).
+func interfaceAddrs() ([]netip.Addr, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		var ip net.IP
+		switch v := a.(type) {
+		case *net.IPNet:
+			ip = v.IP
+		case *net.IPAddr:
+			ip = v.IP
+		default:
+			continue
+		}
+		if addr, ok := netip.AddrFromSlice(ip); ok {
+			out = append(out, addr.Unmap())
+		}
 	}
 	return out, nil
 }

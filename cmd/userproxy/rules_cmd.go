@@ -6,10 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
 	"os"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -80,43 +78,15 @@ type nodePortCIDRs struct{ values []netip.Prefix }
 func (n *nodePortCIDRs) String() string { return (&prefixList{values: n.values}).String() }
 
 func (n *nodePortCIDRs) Set(v string) error {
-	for _, part := range strings.Split(v, ",") {
-		part = strings.TrimSpace(part)
-		if part == "primary" {
-			return errors.New(`"primary" is not supported here: give the node's CIDRs`)
-		}
-		pf, err := netip.ParsePrefix(part)
-		if err != nil {
-			return fmt.Errorf("not a CIDR: %w", err)
-		}
-		n.values = append(n.values, pf.Masked())
+	cidrs, primary, err := parseNodePortAddresses(v)
+	switch {
+	case err != nil:
+		return err
+	case primary:
+		return errors.New(`"primary" is not supported here: give the node's CIDRs`)
 	}
+	n.values = append(n.values, cidrs...)
 	return nil
-}
-
-// interfaceAddrs lists this host's interface addresses, as kube-proxy's
-// NodePortAddresses.GetNodeIPs reads them (net.InterfaceAddrs).
-func interfaceAddrs() ([]netip.Addr, error) {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Addr
-	for _, a := range addrs {
-		var ip net.IP
-		switch v := a.(type) {
-		case *net.IPNet:
-			ip = v.IP
-		case *net.IPAddr:
-			ip = v.IP
-		default:
-			continue
-		}
-		if addr, ok := netip.AddrFromSlice(ip); ok {
-			out = append(out, addr.Unmap())
-		}
-	}
-	return out, nil
 }
 
 // loadTable builds the service table of a file or directory, once.

@@ -160,7 +160,7 @@ func (f *runFlags) validate() error {
 func rulesOptions(f *runFlags, npAddrs []netip.Addr) rules.Options {
 	o := rules.Options{ClusterCIDRs: f.clusterCIDRs.values, LocalAddrs: npAddrs}
 	for _, a := range npAddrs {
-		o.NodePortAddresses = append(o.NodePortAddresses, netip.PrefixFrom(a, a.BitLen()))
+		o.NodePortAddresses = append(o.NodePortAddresses, hostPrefix(a))
 	}
 	return o
 }

@@ -239,24 +239,9 @@ func (n *NodePorts) handleTCP(c net.Conn, fam service.Family, port uint16) {
 		resetTCP(c)
 		return
 	}
-	ctx, cancel := context.WithTimeout(n.ctx, p.cfg.DialTimeout)
-	start := time.Now()
-	backend, err := p.cfg.Dialer.DialContext(ctx, "tcp", pk.endpoint.String())
-	cancel()
-	p.stats.observeDial(time.Since(start))
-	if err == nil {
-		err = p.sendProxyHeader(backend, pk, tuple)
-	}
-	if err == nil && p.closing.Load() { // Shutdown began during the dial
-		resetTCP(backend)
-		err = errClosing
-	}
+	backend, err := p.dialTCP(n.ctx, &pk, tuple)
 	if err != nil {
-		pk.release()
 		p.ct.DeleteFlow(tuple, nil)
-		if !errors.Is(err, errClosing) {
-			p.stats.count(conntrack.TCP, ResultDialFailed)
-		}
 		resetTCP(c)
 		return
 	}
@@ -267,8 +252,9 @@ func (n *NodePorts) handleTCP(c net.Conn, fam service.Family, port uint16) {
 	f := newFlow(tuple, true, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: pk.port.Name.String()}, func(bool) { s.abort() })
 	f.count(pk)
 	defer p.untrack(f)
-	if !p.track(f) {
+	if !p.track(f) { // its entry went, or Shutdown began
 		s.abort()
+		p.ct.DeleteFlow(tuple, nil)
 		return
 	}
 	s.run()
@@ -288,16 +274,8 @@ func (p *Proxy) routeHost(proto service.Protocol, fam service.Family, port uint1
 		return pick{}, false
 	}
 	tg := p.resolveNodePort(t, proto, fam, tuple.SrcAddr(), port)
-	switch tg.v {
-	case service.Forward:
-	case service.NoLocalEndpoints:
-		p.stats.count(cp, ResultDroppedLocalPolicy)
-		return pick{}, false
-	case service.NoEndpoints:
-		p.stats.count(cp, ResultRejectedNoEndpoints)
-		return pick{}, false
-	default:
-		p.stats.count(cp, ResultRejectedNoService)
+	if tg.v != service.Forward {
+		p.stats.count(cp, tg.refusal())
 		return pick{}, false
 	}
 	if err := p.ct.Track(tuple); err != nil {
@@ -309,20 +287,14 @@ func (p *Proxy) routeHost(proto service.Protocol, fam service.Family, port uint1
 		}
 		return pick{}, false
 	}
-	pk := p.choose((*p.states.Load())[keyOf(tg.port)], tg, tuple)
+	pk := p.pickFor(tg, tuple)
 	if !pk.ok {
 		p.ct.DeleteFlow(tuple, nil)
 		p.stats.count(cp, ResultRejectedNoEndpoints)
 		return pick{}, false
 	}
-	if pk.byAffinity {
-		p.stats.affinityHits.Add(1)
-	}
 	return pk, true
 }
-
-// errClosing ends a NodePort flow set up while the proxy shut down.
-var errClosing = errors.New("proxy: shutting down")
 
 // unmapped returns a with an IPv4-mapped IPv6 address made IPv4, as the
 // conntrack table keys IPv4 flows.
@@ -437,7 +409,8 @@ func (u *npUDP) start(client netip.AddrPort) *npSession {
 	u.mu.Lock()
 	u.sessions[client] = s
 	u.mu.Unlock()
-	if !p.track(s.flow) {
+	if !p.track(s.flow) { // its entry went, or Shutdown began
+		p.ct.DeleteFlow(tuple, nil)
 		s.end(true)
 		return nil
 	}

@@ -259,26 +259,17 @@ func (p *Proxy) Admit(flow conntrack.Tuple) netstack.Decision {
 		return netstack.Reject
 	}
 	tg := p.resolve(t, proto, flow.SrcAddr(), flow.Dst())
-	switch tg.v {
-	case service.Forward:
+	switch {
+	case tg.v == service.Forward:
 		return netstack.Accept
-	case service.NoLocalEndpoints:
-		if tg.dropped {
-			p.stats.count(flow.Proto(), ResultDroppedSourceRange)
-			return netstack.Drop
-		}
-		p.stats.count(flow.Proto(), ResultDroppedLocalPolicy)
-		return netstack.Drop
-	case service.NoEndpoints:
-		p.stats.count(flow.Proto(), ResultRejectedNoEndpoints)
-		return netstack.Reject
-	default:
-		if p.localFor(t, netip.AddrPortFrom(flow.DstAddr(), flow.DstPort())) != nil {
-			return netstack.Accept
-		}
-		p.stats.count(flow.Proto(), ResultRejectedNoService)
-		return netstack.Reject
+	case tg.v != service.NoEndpoints && !tg.v.Drop() && p.localFor(t, flow.Dst()) != nil:
+		return netstack.Accept
 	}
+	p.stats.count(flow.Proto(), tg.refusal())
+	if tg.v.Drop() {
+		return netstack.Drop
+	}
+	return netstack.Reject
 }
 
 // route finds the endpoint for a flow admitted earlier (step 2): the table
@@ -295,14 +286,22 @@ func (p *Proxy) route(proto service.Protocol, flow conntrack.Tuple) (pick, servi
 	if tg.v != service.Forward {
 		return pick{}, tg.v
 	}
-	pk := p.choose((*p.states.Load())[keyOf(tg.port)], tg, flow)
+	pk := p.pickFor(tg, flow)
 	if !pk.ok {
 		return pick{}, service.NoEndpoints
 	}
+	return pk, tg.v
+}
+
+// pickFor picks the endpoint of a flow to tg (Forward) from its port's
+// state, counting an affinity hit; pick.ok is false when the scheduler
+// finds none.
+func (p *Proxy) pickFor(tg target, flow conntrack.Tuple) pick {
+	pk := p.choose((*p.states.Load())[keyOf(tg.port)], tg, flow)
 	if pk.byAffinity {
 		p.stats.affinityHits.Add(1)
 	}
-	return pk, tg.v
+	return pk
 }
 
 // Run drives the conntrack clock (when the proxy owns it), expiry, the

@@ -41,6 +41,19 @@ type target struct {
 	dropped bool
 }
 
+// refusal is the flows_total result of a target that is not Forward.
+func (tg *target) refusal() Result {
+	switch {
+	case tg.dropped:
+		return ResultDroppedSourceRange
+	case tg.v.Drop():
+		return ResultDroppedLocalPolicy
+	case tg.v == service.NoEndpoints:
+		return ResultRejectedNoEndpoints
+	}
+	return ResultRejectedNoService
+}
+
 // endpoints returns the set's endpoints and their keys.
 func (tg *target) endpoints() ([]service.Endpoint, []string) {
 	switch tg.set {

@@ -177,7 +177,10 @@ func (p *Proxy) newPortState(port *service.Port, old *portState) *portState {
 			continue
 		}
 		var oldSet *endpointSet
-		if keep {
+		if keep && !slices.Contains(old.sets[:k], old.sets[k]) {
+			// The set's scheduler state, unless the old state shared it
+			// with an earlier set: one scheduler per list (an mh table or
+			// an rr cursor serves one list; two would rebuild it per pick).
 			oldSet = old.sets[k]
 		}
 		s.sets[k] = p.newEndpointSet(port, s.cfg, eps, keys, prev, used, oldSet)
@@ -347,7 +350,7 @@ const templateSweep = time.Minute
 func (p *Proxy) sweepTemplates() {
 	for _, s := range *p.states.Load() {
 		for k, set := range s.sets {
-			if set.persist != nil && (k == 0 || set != s.sets[k-1] && set != s.sets[0]) {
+			if set.persist != nil && !slices.Contains(s.sets[:k], set) {
 				set.persist.Sweep()
 			}
 		}
@@ -359,7 +362,7 @@ func (p *Proxy) sweepTemplates() {
 func (s *portState) setDests() []*dest {
 	var out []*dest
 	for k, set := range s.sets {
-		if k > 0 && set == s.sets[k-1] || k == 2 && set == s.sets[0] {
+		if slices.Contains(s.sets[:k], set) {
 			continue
 		}
 		out = append(out, set.dests...)

@@ -277,3 +277,40 @@ func TestSchedulerDestsFollowEndpoints(t *testing.T) {
 		t.Fatalf("after the endpoint with the flow left: gone %v", st.gone)
 	}
 }
+
+// TestSchedulerOnePerList: when a port's external set stops being its
+// internal set (externalTrafficPolicy Cluster -> Local), each set gets a
+// scheduler of its own; they do not share the one the old state shared
+// (an rr cursor or an mh table serves one list).
+func TestSchedulerOnePerList(t *testing.T) {
+	p, tr, _ := newTestProxyWith(t, Config{}, true)
+	lb := func(policy v1.ServiceExternalTrafficPolicy) *v1.Service {
+		return svc("web", "10.96.0.1", v1.ProtocolTCP, 80, withScheduler("rr"), func(s *v1.Service) {
+			s.Spec.Type = v1.ServiceTypeNodePort
+			s.Spec.Ports[0].NodePort = 30080
+			s.Spec.ExternalTrafficPolicy = policy
+		})
+	}
+	es := slice("web", "web-1", v1.ProtocolTCP, 8080, "node-a", "10.0.0.1")
+	es.Endpoints = append(es.Endpoints, slice("web", "x", v1.ProtocolTCP, 8080, "node-b", "10.0.0.2").Endpoints...)
+	tr.OnServiceAdd(lb(v1.ServiceExternalTrafficPolicyCluster))
+	tr.OnEndpointSliceAdd(es)
+	tr.OnSynced()
+	state := func() *portState {
+		for _, st := range *p.states.Load() {
+			return st
+		}
+		return nil
+	}
+	if st := state(); st.sets[setExternal] != st.sets[setInternal] {
+		t.Fatal("Cluster policy: the external set is not the internal one")
+	}
+	tr.OnServiceUpdate(nil, lb(v1.ServiceExternalTrafficPolicyLocal))
+	st := state()
+	if st.sets[setExternal] == st.sets[setInternal] || st.sets[setExternal].sched == st.sets[setInternal].sched {
+		t.Fatalf("Local policy: the sets or their schedulers are shared")
+	}
+	if len(st.sets[setExternal].eps) != 1 || len(st.sets[setInternal].eps) != 2 {
+		t.Fatalf("sets: external %d, internal %d endpoints", len(st.sets[setExternal].eps), len(st.sets[setInternal].eps))
+	}
+}

@@ -51,21 +51,9 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 	}
 	endpoint := pk.endpoint
 
-	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.DialTimeout) // 2
-	start := time.Now()
-	backend, err := p.cfg.Dialer.DialContext(ctx, "tcp", endpoint.String())
-	cancel()
-	p.stats.observeDial(time.Since(start))
-	if err == nil {
-		err = p.sendProxyHeader(backend, pk, tuple)
-	}
+	backend, err := p.dialTCP(r.Context(), &pk, tuple) // 2
 	if err != nil {
-		pk.release()
-		p.stats.count(conntrack.TCP, ResultDialFailed)
 		r.Refuse()
-		if ce := p.logger.Check(zap.DebugLevel, "endpoint dial failed"); ce != nil {
-			ce.Write(zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint), zap.Error(err))
-		}
 		return
 	}
 
@@ -90,6 +78,30 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
 	}
 	s.run() // 5
+}
+
+// dialTCP dials the pick's endpoint within DialTimeout of parent and sends
+// the PROXY protocol header its Service asks for. On a failure the pick is
+// released and the failure counted and logged; the caller refuses the
+// client.
+func (p *Proxy) dialTCP(parent context.Context, pk *pick, tuple conntrack.Tuple) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(parent, p.cfg.DialTimeout)
+	start := time.Now()
+	backend, err := p.cfg.Dialer.DialContext(ctx, "tcp", pk.endpoint.String())
+	cancel()
+	p.stats.observeDial(time.Since(start))
+	if err == nil {
+		err = p.sendProxyHeader(backend, *pk, tuple)
+	}
+	if err != nil {
+		if ce := p.logger.Check(zap.DebugLevel, "endpoint dial failed"); ce != nil {
+			ce.Write(zap.Stringer("servicePort", pk.port.Name), zap.Stringer("endpoint", pk.endpoint), zap.Error(err))
+		}
+		pk.release()
+		p.stats.count(conntrack.TCP, ResultDialFailed)
+		return nil, err
+	}
+	return backend, nil
 }
 
 // sendProxyHeader writes the PROXY protocol header the pick's Service asks

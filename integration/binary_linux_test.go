@@ -702,3 +702,24 @@ func TestBinaryReadOnlyProcSys(t *testing.T) {
 		t.Errorf("no warning about the read-only /proc/sys in:\n%s", p.out.String())
 	}
 }
+
+// sliceYAML is a config document: the EndpointSlice name of Service svc in
+// namespace default, one endpoint at ep (on node, when not empty), port
+// "http" TCP; its address type follows ep's family.
+func sliceYAML(name, svc string, ep netip.AddrPort, node string) string {
+	at, nodeField := "IPv4", ""
+	if ep.Addr().Is6() {
+		at = "IPv6"
+	}
+	if node != "" {
+		nodeField = ", nodeName: " + node
+	}
+	return fmt.Sprintf(`---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: %s, namespace: default, labels: {kubernetes.io/service-name: %s}}
+addressType: %s
+endpoints: [{addresses: [%q]%s}]
+ports: [{name: http, protocol: TCP, port: %d}]
+`, name, svc, at, ep.Addr().String(), nodeField, ep.Port())
+}

@@ -48,21 +48,7 @@ spec:
 status:
   loadBalancer:
     ingress: [%s]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: lb-4, namespace: default, labels: {kubernetes.io/service-name: lb}}
-addressType: IPv4
-endpoints: [{addresses: [%s]}]
-ports: [{name: http, protocol: TCP, port: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: lb-6, namespace: default, labels: {kubernetes.io/service-name: lb}}
-addressType: IPv6
-endpoints: [{addresses: [%q]}]
-ports: [{name: http, protocol: TCP, port: %d}]
-`, q(externalIPs), q(ranges), strings.Join(ing, ", "), ep.Addr(), ep.Port(), ep6.Addr().String(), ep6.Port())
+`, q(externalIPs), q(ranges), strings.Join(ing, ", ")) + sliceYAML("lb-4", "lb", ep, "") + sliceYAML("lb-6", "lb", ep6, "")
 }
 
 // tunRoutes lists the destinations routed into dev in the namespace.

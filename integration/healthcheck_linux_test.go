@@ -36,14 +36,7 @@ spec:
   externalTrafficPolicy: Local
   healthCheckNodePort: %d
   ports: [{name: http, protocol: TCP, port: 80, nodePort: 30060}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: lb-1, namespace: default, labels: {kubernetes.io/service-name: lb}}
-addressType: IPv4
-endpoints: [{addresses: [10.244.1.5], nodeName: %s}]
-ports: [{name: http, protocol: TCP, port: 8080}]
-`, hc, node)
+`, hc) + sliceYAML("lb-1", "lb", netip.MustParseAddrPort("10.244.1.5:8080"), node)
 }
 
 func TestBinaryHealthCheckNodePortProbe(t *testing.T) {

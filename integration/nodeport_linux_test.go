@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -17,7 +18,7 @@ import (
 // client used; a NodePort taken on the host is reported on /healthz and in
 // the metrics while the other NodePorts are served.
 
-func nodePortConfig(ep4, ep6 string, port4, port6, np, clash int) string {
+func nodePortConfig(ep4, ep6 netip.AddrPort, np, clash int) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Service
 metadata: {name: np, namespace: default}
@@ -28,21 +29,7 @@ spec:
   ipFamilies: [IPv4, IPv6]
   ipFamilyPolicy: RequireDualStack
   ports: [{name: http, protocol: TCP, port: 80, nodePort: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: np-4, namespace: default, labels: {kubernetes.io/service-name: np}}
-addressType: IPv4
-endpoints: [{addresses: [%s]}]
-ports: [{name: http, protocol: TCP, port: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: np-6, namespace: default, labels: {kubernetes.io/service-name: np}}
-addressType: IPv6
-endpoints: [{addresses: [%q]}]
-ports: [{name: http, protocol: TCP, port: %d}]
----
+`, np) + sliceYAML("np-4", "np", ep4, "") + sliceYAML("np-6", "np", ep6, "") + fmt.Sprintf(`---
 apiVersion: v1
 kind: Service
 metadata: {name: clash, namespace: default}
@@ -50,14 +37,7 @@ spec:
   type: NodePort
   clusterIP: 10.96.0.41
   ports: [{name: http, protocol: TCP, port: 80, nodePort: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: clash-4, namespace: default, labels: {kubernetes.io/service-name: clash}}
-addressType: IPv4
-endpoints: [{addresses: [%s]}]
-ports: [{name: http, protocol: TCP, port: %d}]
-`, np, ep4, port4, ep6, port6, clash, ep4, port4)
+`, clash) + sliceYAML("clash-4", "clash", ep4, "")
 }
 
 func TestBinaryNodePorts(t *testing.T) {
@@ -84,7 +64,7 @@ func TestBinaryNodePorts(t *testing.T) {
 	}
 	defer squatter.Close()
 	cfg := filepath.Join(t.TempDir(), "np.yaml")
-	writeFile(t, cfg, nodePortConfig(ep4.Addr().String(), ep6.Addr().String(), int(ep4.Port()), int(ep6.Port()), np, clash))
+	writeFile(t, cfg, nodePortConfig(ep4, ep6, np, clash))
 	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxnp0",
 		"--service-cidr", "10.96.0.0/12", "--service-cidr", "fd00:96::/64",
 		"--min-sync-period", "0", "--log-format", "json", "--log-level", "info")

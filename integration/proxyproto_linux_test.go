@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"testing"
 	"time"
@@ -65,14 +66,7 @@ spec:
   clusterIP: %s
   type: %s
   ports: [{name: http, protocol: TCP, port: 80%s}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: %s-1, namespace: default, labels: {kubernetes.io/service-name: %s}}
-addressType: IPv4
-endpoints: [{addresses: [127.0.0.1]}]
-ports: [{name: http, protocol: TCP, port: %d}]
-`, name, version, ip, typ, np, name, name, port)
+`, name, version, ip, typ, np) + sliceYAML(name+"-1", name, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)), "")
 	}
 	writeFile(t, cfg, svc("pp1", "10.96.0.51", "v1", 0)+svc("pp2", "10.96.0.52", "v2", nodePort))
 	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxpp0",

@@ -51,14 +51,7 @@ spec:
   ports: [{name: http, protocol: TCP, port: 80}]
 `, name, ann, 20+i, 20+i)
 		for j, ep := range eps {
-			fmt.Fprintf(&b, `---
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: %s-%d, namespace: default, labels: {kubernetes.io/service-name: %s}}
-addressType: IPv4
-endpoints: [{addresses: [%s]}]
-ports: [{name: http, protocol: TCP, port: %d}]
-`, name, j, name, ep.Addr(), ep.Port())
+			b.WriteString(sliceYAML(fmt.Sprintf("%s-%d", name, j), name, ep, ""))
 		}
 	}
 	return b.String()

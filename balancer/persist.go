@@ -105,9 +105,6 @@ func NewPersistence(cfg PersistenceConfig) *Persistence {
 	}
 }
 
-// Timeout returns T.
-func (p *Persistence) Timeout() time.Duration { return time.Duration(p.timeout) }
-
 // Len returns the number of templates held, live or not yet swept.
 func (p *Persistence) Len() int {
 	p.mu.Lock()
@@ -171,9 +168,6 @@ func (t *Template) Release() {
 		}
 	}
 }
-
-// Dest returns the template's destination.
-func (t *Template) Dest() netip.AddrPort { return t.dest }
 
 // alive reports whether the template's timer has not yet expired it at now
 // (step 4): it fires at lastUse + timeout, then every persistRecheck, and

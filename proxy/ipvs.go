@@ -1,5 +1,16 @@
 package proxy
 
+// The service table as IPVS would list it (`userproxy ipvs`, /debug/ipvs):
+//
+//  1. IPVS() walks the port states (sched.go): one VirtualService per
+//     ClusterIP port, its scheduler and persistence, and its endpoints'
+//     counts, which conntrack keeps current (Binding.Counter).
+//  2. The --stats counters: flows scheduled, and packets and bytes of the
+//     ended flows (added when their entries go) plus those of the live
+//     entries (one pass over the conntrack table per call).
+//  3. The --rate estimator (ip_vs_est.c) samples those totals every 2 s
+//     while someone looks.
+
 import (
 	"context"
 	"net/netip"

@@ -57,9 +57,9 @@ func (s *Server) livez(w http.ResponseWriter, _ *http.Request) {
 // while starting, and unhealthy once a change has waited maxAge or more for
 // a table (zero means DefaultHealthTimeout, kube-proxy's 2 x
 // --iptables-sync-period), until the next table. The wait runs from the
-// change's arrival (service.Stats.OldestPending). now is the clock (nil:
+// change's arrival (service.Health.OldestPending). now is the clock (nil:
 // time.Now). The returned function is safe for concurrent use.
-func SyncHealth(src interface{ Stats() service.Stats }, maxAge time.Duration, now func() time.Time) func() error {
+func SyncHealth(src interface{ Health() service.Health }, maxAge time.Duration, now func() time.Time) func() error {
 	if maxAge <= 0 {
 		maxAge = DefaultHealthTimeout
 	}
@@ -67,7 +67,7 @@ func SyncHealth(src interface{ Stats() service.Stats }, maxAge time.Duration, no
 		now = time.Now
 	}
 	return func() error {
-		st := src.Stats()
+		st := src.Health()
 		if st.OldestPending.IsZero() {
 			return nil
 		}
@@ -82,9 +82,9 @@ func SyncHealth(src interface{ Stats() service.Stats }, maxAge time.Duration, no
 // FirstTable returns a check for Config.Ready: unready until the first
 // service table is live (kube-proxy's /healthz is healthy before that; a
 // script that must wait for the proxy to serve waits on /readyz).
-func FirstTable(src interface{ Stats() service.Stats }) func() error {
+func FirstTable(src interface{ Health() service.Health }) func() error {
 	return func() error {
-		if src.Stats().Syncs == 0 {
+		if src.Health().Syncs == 0 {
 			return errors.New("no service table built yet: waiting for the source to deliver every Service and EndpointSlice")
 		}
 		return nil

@@ -132,10 +132,10 @@ func TestServiceHealthNodePort(t *testing.T) {
 	}
 }
 
-// fakeStats is a Tracker's Stats for ProxierHealth.
-type fakeStats struct{ st service.Stats }
+// fakeStats is a Tracker's Health for ProxierHealth.
+type fakeStats struct{ st service.Health }
 
-func (f *fakeStats) Stats() service.Stats { return f.st }
+func (f *fakeStats) Health() service.Health { return f.st }
 
 // kube-proxy's /healthz and /livez (pkg/proxy/healthcheck/proxy_health.go,
 // v1.37's ProxyHealth marshalled): healthy while starting; unhealthy once a
@@ -164,7 +164,7 @@ func TestProxierHealth(t *testing.T) {
 		t.Fatalf("starting: %d %s", code, body)
 	}
 	synced := now
-	src.st = service.Stats{Syncs: 1, LastSyncTime: synced, OldestPending: now.Add(10 * time.Second)}
+	src.st = service.Health{Syncs: 1, LastSyncTime: synced, OldestPending: now.Add(10 * time.Second)}
 	now = now.Add(69 * time.Second) // the change has waited 59 s
 	if code, _ := get("/healthz"); code != 200 {
 		t.Fatalf("a change waiting less than the timeout: %d", code)

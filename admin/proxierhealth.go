@@ -9,7 +9,7 @@ package admin
 //     healthy, and the status of each served family once a table exists.
 //  2. Healthy while starting (no table yet, nothing queued), and while no
 //     change has waited longer than the health timeout for a table
-//     (service.Stats.OldestPending: kube-proxy's QueuedUpdate); unhealthy
+//     (service.Health.OldestPending: kube-proxy's QueuedUpdate); unhealthy
 //     after that, until the next table.
 //  3. /healthz is also unhealthy while this Node is not eligible: not seen
 //     yet, being deleted, or tainted ToBeDeletedByClusterAutoscaler
@@ -42,7 +42,7 @@ const DefaultHealthTimeout = 60 * time.Second
 // ProxierHealth is kube-proxy's proxier health state and its HTTP server.
 // It is safe for concurrent use.
 type ProxierHealth struct {
-	src      interface{ Stats() service.Stats }
+	src      interface{ Health() service.Health }
 	timeout  time.Duration
 	now      func() time.Time
 	families []service.Family
@@ -57,7 +57,7 @@ type ProxierHealth struct {
 // (0: DefaultHealthTimeout), now the clock (nil: time.Now). watchesNode
 // says a Node will be watched: the node is then not eligible until it is
 // seen, as kube-proxy's NodeEligible answers without a Node.
-func NewProxierHealth(src interface{ Stats() service.Stats }, families []service.Family, watchesNode bool, timeout time.Duration, now func() time.Time) *ProxierHealth {
+func NewProxierHealth(src interface{ Health() service.Health }, families []service.Family, watchesNode bool, timeout time.Duration, now func() time.Time) *ProxierHealth {
 	if timeout <= 0 {
 		timeout = DefaultHealthTimeout
 	}
@@ -103,7 +103,7 @@ type familyHealth struct {
 // health is kube-proxy's Health() at now. One table here serves every
 // family, so each family's status is the same.
 func (h *ProxierHealth) health(now time.Time) proxyHealth {
-	st := h.src.Stats()
+	st := h.src.Health()
 	ph := proxyHealth{CurrentTime: now, Healthy: true, Status: map[string]familyHealth{}}
 	if st.Syncs == 0 {
 		return ph // no proxier has updated yet: healthy, no status

@@ -140,10 +140,10 @@ func TestHealthz(t *testing.T) {
 // fakeSync is a Tracker stand-in for SyncHealth.
 type fakeSync struct {
 	mu sync.Mutex
-	s  service.Stats
+	s  service.Health
 }
 
-func (f *fakeSync) Stats() service.Stats { f.mu.Lock(); defer f.mu.Unlock(); return f.s }
+func (f *fakeSync) Health() service.Health { f.mu.Lock(); defer f.mu.Unlock(); return f.s }
 func (f *fakeSync) set(syncs uint64, pending int, oldest time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

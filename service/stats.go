@@ -26,11 +26,6 @@ type Stats struct {
 	IgnoredEndpointSlices uint64
 	// PendingChanges is the number of services changed since the last table.
 	PendingChanges int
-	// OldestPending is when the oldest change not yet in a table arrived
-	// (by the Tracker's clock); zero when none waits, and before the first
-	// table: kube-proxy's QueuedUpdate, which its proxier starts calling
-	// once initialized (pkg/proxy/healthcheck/proxy_health.go).
-	OldestPending time.Time
 	// ServiceChangesPending and EndpointChangesPending split PendingChanges
 	// by what changed, as kube-proxy's two change trackers do
 	// (sync_proxy_rules_service_changes_pending, ..._endpoint_changes_pending:

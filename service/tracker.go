@@ -87,7 +87,7 @@ type Tracker struct {
 	published bool
 	lastSync  time.Time
 	// oldestPending is when the oldest change not yet in a table arrived,
-	// once a table is published (Stats.OldestPending).
+	// once a table is published (Health.OldestPending).
 	oldestPending time.Time
 	timer         Timer
 	timerGen      uint64
@@ -171,13 +171,34 @@ func NewTracker(cfg Config) (*Tracker, error) {
 // Current returns the live table, nil before the first one. Lock-free.
 func (t *Tracker) Current() *Table { return t.current.Load() }
 
+// Health is the part of Stats a health check reads: Tracker.Health returns
+// it without copying the histograms, for probes that may come many times a
+// second.
+type Health struct {
+	// Syncs, LastSyncTime and PendingChanges are Stats'.
+	Syncs          uint64
+	LastSyncTime   time.Time
+	PendingChanges int
+	// OldestPending is when the oldest change not yet in a table arrived
+	// (by the Tracker's clock); zero when none waits, and before the first
+	// table: kube-proxy's QueuedUpdate, which its proxier starts calling
+	// once initialized (pkg/proxy/healthcheck/proxy_health.go).
+	OldestPending time.Time
+}
+
+// Health returns the counters health checks read (see Stats).
+func (t *Tracker) Health() Health {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return Health{Syncs: t.stats.Syncs, LastSyncTime: t.stats.LastSyncTime, PendingChanges: len(t.dirty), OldestPending: t.oldestPending}
+}
+
 // Stats returns a snapshot of the counters.
 func (t *Tracker) Stats() Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.stats
 	s.PendingChanges = len(t.dirty)
-	s.OldestPending = t.oldestPending
 	for _, name := range t.dirty {
 		if st := t.services[name]; st != nil {
 			s.ServiceChangesPending += b2i(st.serviceChanged)

@@ -864,7 +864,7 @@ func TestTrackerOldestPending(t *testing.T) {
 	defer tr.Close()
 	web := svc("ns1/web", "10.96.0.5", ports(tcp("a", 80, intstr.FromInt32(80))))
 	tr.OnServiceAdd(web)
-	if st := tr.Stats(); !st.OldestPending.IsZero() {
+	if st := tr.Health(); !st.OldestPending.IsZero() {
 		t.Fatalf("before the first table: %v", st.OldestPending)
 	}
 	tr.OnSynced()
@@ -873,11 +873,11 @@ func TestTrackerOldestPending(t *testing.T) {
 	tr.OnServiceUpdate(nil, svc("ns1/web", "10.96.0.5", ports(tcp("a", 81, intstr.FromInt32(81)))))
 	clk.Advance(100 * time.Millisecond)
 	tr.OnServiceUpdate(nil, svc("ns1/web", "10.96.0.5", ports(tcp("a", 82, intstr.FromInt32(82)))))
-	if st := tr.Stats(); !st.OldestPending.Equal(first) || st.PendingChanges != 1 {
+	if st := tr.Health(); !st.OldestPending.Equal(first) || st.PendingChanges != 1 {
 		t.Fatalf("pending: oldest %v (want %v), %d changes", st.OldestPending, first, st.PendingChanges)
 	}
 	clk.Advance(time.Second) // the min-sync timer builds
-	if st := tr.Stats(); !st.OldestPending.IsZero() || st.Syncs != 2 {
+	if st := tr.Health(); !st.OldestPending.IsZero() || st.Syncs != 2 {
 		t.Fatalf("after the build: oldest %v, %d tables", st.OldestPending, st.Syncs)
 	}
 }

@@ -85,6 +85,19 @@ type Sources struct {
 	// NodePorts feeds nodeport_sockets{state}: the NodePort sockets open,
 	// and those that could not be opened (a port taken on the host).
 	NodePorts func() NodePortStats
+	// Tunnels feeds the apiserver_tunnel* and apiserver_streams* metrics:
+	// the port-forward tunnels flows take to pods the host cannot reach.
+	Tunnels func() TunnelStats
+}
+
+// TunnelStats count the tunnels through the API server (--dial-via
+// apiserver|auto). Its fields are kube.PortForwardStats' field for field
+// (admin may not import source/kube): admin.TunnelStats(pf.Stats()).
+type TunnelStats struct {
+	Tunnels                                 int
+	Opens, OpenFailures, Broken, IdleClosed uint64
+	StreamsOpen                             int
+	Streams, StreamFailures, StreamErrors   uint64
 }
 
 // NodePortStats counts the NodePort front end's sockets.
@@ -130,6 +143,9 @@ func NewCollector(src Sources) prometheus.Collector {
 					emit(float64(s.Failed), "failed")
 				}),
 		}})
+	}
+	if src.Tunnels != nil {
+		c.groups = append(c.groups, tunnelGroup(src.Tunnels))
 	}
 	if src.ReloadErrors != nil {
 		c.groups = append(c.groups, &group[uint64]{snapshot: src.ReloadErrors, defs: []def[uint64]{
@@ -368,6 +384,16 @@ func defragGroup(snap func() conntrack.ReassemblyStats) metricGroup {
 	}}
 }
 
+// dialHistogram is the dial duration per way.
+func dialHistogram(name, help string) def[proxy.Stats] {
+	return def[proxy.Stats]{newDesc(name, help, "way"), func(ch chan<- prometheus.Metric, d *prometheus.Desc, s *proxy.Stats) {
+		for w := range s.Dials {
+			ds := &s.Dials[w]
+			ch <- constHistogram(d, proxy.DialBuckets, ds.Buckets[:], ds.Count, ds.Sum.Seconds(), proxy.Way(w).String())
+		}
+	}}
+}
+
 // proxyGroup: new flows and the traffic spliced for them.
 func proxyGroup(snap func() proxy.Stats) metricGroup {
 	return &group[proxy.Stats]{snapshot: snap, defs: []def[proxy.Stats]{
@@ -379,9 +405,12 @@ func proxyGroup(snap func() proxy.Stats) metricGroup {
 					}
 				}
 			}),
-		histogram(own("dial_duration_seconds"), "Time to dial an endpoint.",
-			func(s *proxy.Stats) ([]float64, []uint64, uint64, float64) {
-				return proxy.DialBuckets, s.DialBuckets[:], s.DialCount, s.DialSum.Seconds()
+		dialHistogram(own("dial_duration_seconds"), "Time to dial an endpoint, by the way the dial went (direct, apiserver), failures included."),
+		labeled(own("dial_failures_total"), "Endpoint dials that failed, by the way the dial went.",
+			prometheus.CounterValue, []string{"way"}, func(s *proxy.Stats, emit func(float64, ...string)) {
+				for w := range s.Dials {
+					emit(float64(s.Dials[w].Failed), proxy.Way(w).String())
+				}
 			}),
 		labeled(own("spliced_bytes_total"), "Payload bytes copied between clients and endpoints.",
 			prometheus.CounterValue, []string{"direction"}, func(s *proxy.Stats, emit func(float64, ...string)) {
@@ -394,6 +423,29 @@ func proxyGroup(snap func() proxy.Stats) metricGroup {
 			func(s *proxy.Stats) float64 { return float64(s.LiveFlows) }),
 		gauge(own("udp_sessions"), "UDP flows being relayed now.",
 			func(s *proxy.Stats) float64 { return float64(s.UDPSessions) }),
+	}}
+}
+
+// tunnelGroup: flows to pods through the API server's pods/portforward.
+func tunnelGroup(snap func() TunnelStats) metricGroup {
+	return &group[TunnelStats]{snapshot: snap, defs: []def[TunnelStats]{
+		gauge(own("apiserver_tunnels"), "Port-forward tunnels open through the API server, one per pod in use.",
+			func(s *TunnelStats) float64 { return float64(s.Tunnels) }),
+		labeled(own("apiserver_tunnel_events_total"), "Port-forward tunnels by what happened to them: opened, open_failed, broken (under their flows), idle_closed.",
+			prometheus.CounterValue, []string{"event"}, func(s *TunnelStats, emit func(float64, ...string)) {
+				emit(float64(s.Opens), "opened")
+				emit(float64(s.OpenFailures), "open_failed")
+				emit(float64(s.Broken), "broken")
+				emit(float64(s.IdleClosed), "idle_closed")
+			}),
+		gauge(own("apiserver_streams"), "Flows carried through the API server now.",
+			func(s *TunnelStats) float64 { return float64(s.StreamsOpen) }),
+		labeled(own("apiserver_streams_total"), "Flows through the API server by outcome: opened, open_failed (the streams could not be created), error (the kubelet or the tunnel ended the flow with an error).",
+			prometheus.CounterValue, []string{"result"}, func(s *TunnelStats, emit func(float64, ...string)) {
+				emit(float64(s.Streams), "opened")
+				emit(float64(s.StreamFailures), "open_failed")
+				emit(float64(s.StreamErrors), "error")
+			}),
 	}}
 }
 

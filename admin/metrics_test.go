@@ -79,13 +79,18 @@ func fakeSources() admin.Sources {
 	px.Flows[1][proxy.ResultRejectedNoEndpoints] = 2
 	px.AffinityHits = 6
 	px.BytesToEndpoint, px.BytesToClient = 1000, 5000
-	px.DialCount, px.DialSum = 3, 1500*time.Microsecond
+	px.Dials[proxy.WayDirect].Count, px.Dials[proxy.WayDirect].Sum = 3, 1500*time.Microsecond
+	px.Dials[proxy.WayAPIServer].Count, px.Dials[proxy.WayAPIServer].Sum = 2, 40*time.Millisecond
+	px.Dials[proxy.WayAPIServer].Failed = 1
 	for i, b := range proxy.DialBuckets {
 		switch {
 		case b >= 0.001:
-			px.DialBuckets[i] = 3
+			px.Dials[proxy.WayDirect].Buckets[i] = 3
 		case b >= 0.0005:
-			px.DialBuckets[i] = 2
+			px.Dials[proxy.WayDirect].Buckets[i] = 2
+		}
+		if b >= 0.025 {
+			px.Dials[proxy.WayAPIServer].Buckets[i] = 2
 		}
 	}
 	px.LiveFlows, px.UDPSessions = 4, 1
@@ -177,12 +182,18 @@ func TestMetricsExposition(t *testing.T) {
 		"userproxy_affinity_hits_total 6",
 		"userproxy_flows_active 4",
 		"userproxy_udp_sessions 1",
-		`userproxy_dial_duration_seconds_bucket{le="0.00025"} 0`,
-		`userproxy_dial_duration_seconds_bucket{le="0.0005"} 2`,
-		`userproxy_dial_duration_seconds_bucket{le="0.001"} 3`,
-		`userproxy_dial_duration_seconds_bucket{le="+Inf"} 3`,
-		"userproxy_dial_duration_seconds_sum 0.0015",
-		"userproxy_dial_duration_seconds_count 3",
+		`userproxy_dial_duration_seconds_bucket{way="direct",le="0.00025"} 0`,
+		`userproxy_dial_duration_seconds_bucket{way="direct",le="0.0005"} 2`,
+		`userproxy_dial_duration_seconds_bucket{way="direct",le="0.001"} 3`,
+		`userproxy_dial_duration_seconds_bucket{way="direct",le="+Inf"} 3`,
+		`userproxy_dial_duration_seconds_sum{way="direct"} 0.0015`,
+		`userproxy_dial_duration_seconds_count{way="direct"} 3`,
+		`userproxy_dial_duration_seconds_bucket{way="apiserver",le="0.01"} 0`,
+		`userproxy_dial_duration_seconds_bucket{way="apiserver",le="0.025"} 2`,
+		`userproxy_dial_duration_seconds_sum{way="apiserver"} 0.04`,
+		`userproxy_dial_duration_seconds_count{way="apiserver"} 2`,
+		`userproxy_dial_failures_total{way="direct"} 0`,
+		`userproxy_dial_failures_total{way="apiserver"} 1`,
 		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.001"} 1`,
 		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="0.002"} 2`,
 		`kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="IPv4"} 0.0025`,

@@ -84,6 +84,10 @@ type Config struct {
 	// IPVS returns the service table as IPVS virtual services for
 	// /debug/ipvs (Proxy.IPVS). It is called once per request.
 	IPVS func() []proxy.VirtualService
+	// Dial serves /debug/dial: how flows reach endpoints (--dial-via),
+	// what the auto policy remembers and the tunnels through the API
+	// server. nil: the page says every flow goes direct.
+	Dial func() DialView
 	// Profiling serves Go's profiles under /debug/pprof/ (kube-proxy's
 	// enableProfiling). Off by default: a CPU profile costs the datapath.
 	Profiling bool
@@ -136,6 +140,7 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("GET /debug/services", s.services)
 	mux.HandleFunc("GET /debug/rules", s.rules)
 	mux.HandleFunc("GET /debug/ipvs", s.ipvs)
+	mux.HandleFunc("GET /debug/dial", s.dial)
 	if cfg.Profiling {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)

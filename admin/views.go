@@ -11,7 +11,9 @@ package admin
 //  4. /debug/rules prints the iptables rules kube-proxy would write
 //     (package rules);
 //  5. /debug/ipvs prints the table as ipvsadm -Ln would list it on a node
-//     in IPVS mode (ipvs.go, package rules).
+//     in IPVS mode (ipvs.go, package rules);
+//  6. /debug/dial shows how flows reach endpoints (--dial-via): what the
+//     auto policy remembers and the tunnels through the API server.
 
 import (
 	"bytes"
@@ -27,6 +29,7 @@ import (
 
 	"github.com/userproxy/userproxy/clusterdns"
 	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/proxy"
 	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 )
@@ -131,6 +134,11 @@ func (s *Server) conntrackList(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		buf, _ = entries[i].AppendText(buf[:0])
+		if v, ok := entries[i].Owner.(interface{ Via() string }); ok {
+			if via := v.Via(); via != "" { // --dial-via apiserver|auto: the way the flow went
+				buf = append(append(buf, " via="...), via...)
+			}
+		}
 		lines = append(lines, string(buf))
 	}
 	// conntrack -L prints in hash order; sorted is easier to read and diff.
@@ -376,6 +384,46 @@ func (s *Server) rules(w http.ResponseWriter, r *http.Request) {
 	if err := rules.Write(&b, s.currentTable(), opts); err != nil {
 		writeText(w, http.StatusInternalServerError, err.Error()+"\n")
 		return
+	}
+	writeText(w, http.StatusOK, b.String())
+}
+
+// DialView is what /debug/dial shows.
+type DialView struct {
+	// Via is the policy (--dial-via).
+	Via string
+	// Remembered is what the auto policy remembers per endpoint address.
+	Remembered []proxy.RememberedWay
+	// Tunnels maps each pod with an open tunnel ("namespace/name") to the
+	// flows it carries now.
+	Tunnels map[string]int
+}
+
+func (s *Server) dial(w http.ResponseWriter, _ *http.Request) {
+	var v DialView
+	if s.cfg.Dial != nil {
+		v = s.cfg.Dial()
+	} else {
+		v.Via = "direct"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "dial-via %s\n", v.Via)
+	if len(v.Remembered) > 0 {
+		b.WriteString("# endpoint address, the way that worked, remembered for\n")
+		for _, r := range v.Remembered {
+			fmt.Fprintf(&b, "%s %s %s\n", r.Endpoint, r.Way, r.Left.Round(time.Second))
+		}
+	}
+	if len(v.Tunnels) > 0 {
+		b.WriteString("# tunnels through the API server: pod, flows\n")
+		pods := make([]string, 0, len(v.Tunnels))
+		for p := range v.Tunnels {
+			pods = append(pods, p)
+		}
+		slices.Sort(pods)
+		for _, p := range pods {
+			fmt.Fprintf(&b, "%s %d\n", p, v.Tunnels[p])
+		}
 	}
 	writeText(w, http.StatusOK, b.String())
 }

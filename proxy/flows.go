@@ -48,6 +48,9 @@ type flow struct {
 	// when Counter is set.
 	dest *dest
 	tmpl *balancer.Template
+	// via is the way the flow went, when the policy could send flows more
+	// than one way (dialvia.go); "" otherwise.
+	via string
 
 	mu sync.Mutex
 	// end ends the flow: a RST to both peers (TCP), or both sockets closed
@@ -64,6 +67,19 @@ func newFlow(tuple conntrack.Tuple, tcp bool, binding conntrack.Binding, end fun
 	f.Owner = f
 	return f
 }
+
+// noteWay records the way a TCP flow went, for listing, unless every flow
+// goes direct.
+func (f *flow) noteWay(policy DialVia, w Way) {
+	if policy != ViaDirect {
+		f.via = w.String()
+	}
+}
+
+// Via is the way the flow went to its endpoint ("direct", "apiserver"),
+// or "" when every flow goes direct (--dial-via direct). The conntrack
+// listing shows it as via=.
+func (f *flow) Via() string { return f.via }
 
 // terminate ends the flow unless it already ended on its own; reaped says
 // its entry is gone.

@@ -239,7 +239,7 @@ func (n *NodePorts) handleTCP(c net.Conn, fam service.Family, port uint16) {
 		resetTCP(c)
 		return
 	}
-	backend, err := p.dialTCP(n.ctx, &pk, tuple)
+	backend, way, err := p.dialTCP(n.ctx, &pk, tuple)
 	if err != nil {
 		p.ct.DeleteFlow(tuple, nil)
 		resetTCP(c)
@@ -251,6 +251,7 @@ func (n *NodePorts) handleTCP(c net.Conn, fam service.Family, port uint16) {
 	s.touch = func() { p.ct.Touch(tuple, conntrack.Original) }
 	f := newFlow(tuple, true, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: pk.port.Name.String()}, func(bool) { s.abort() })
 	f.count(pk)
+	f.noteWay(p.cfg.Via, way)
 	defer p.untrack(f)
 	if !p.track(f) { // its entry went, or Shutdown began
 		s.abort()
@@ -389,6 +390,13 @@ func (u *npUDP) start(client netip.AddrPort) *npSession {
 		p.udpSessions.Add(-1)
 		return nil
 	}
+	if !p.udpWay(pk.endpoint) { // only the API server reaches it: no way for UDP (dialvia.go)
+		pk.release()
+		p.ct.DeleteFlow(tuple, nil)
+		p.udpSessions.Add(-1)
+		p.stats.count(conntrack.UDP, ResultNoWay)
+		return nil
+	}
 	backend, err := p.cfg.Dialer.DialContext(context.Background(), "udp", pk.endpoint.String())
 	if err != nil {
 		pk.release()
@@ -403,6 +411,7 @@ func (u *npUDP) start(client netip.AddrPort) *npSession {
 		s.prefix, _ = AppendProxyHeader(nil, pk.pp, service.UDP, client, local)
 	}
 	s.flow = newFlow(tuple, false, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: pk.port.Name.String()}, s.end)
+	s.flow.noteWay(p.cfg.Via, WayDirect)
 	s.flow.count(pk)
 	// In the map before the entry is bound: a removal from then on ends
 	// the session through the reaper, and end takes it out of the map.

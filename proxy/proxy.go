@@ -61,8 +61,21 @@ type Config struct {
 	AffinityListSize int
 	// MaxUDPSessions bounds the concurrent UDP flows; 0 means 65536.
 	MaxUDPSessions int
-	// Dialer; nil means a net.Dialer with 15 s keep-alives.
+	// Dialer dials endpoints from the host; nil means a net.Dialer with
+	// 15 s keep-alives.
 	Dialer Dialer
+	// Via is how TCP flows reach endpoints (dialvia.go): direct (the
+	// zero value), through PodDialer, or direct first then PodDialer.
+	Via DialVia
+	// PodDialer reaches endpoints through the API server; required by
+	// ViaAPIServer, used by ViaAuto when set.
+	PodDialer PodDialer
+	// DirectAttempt bounds ViaAuto's first direct dial of an endpoint; 0
+	// means 1 s.
+	DirectAttempt time.Duration
+	// ViaMemory is how long ViaAuto remembers the way that worked for an
+	// endpoint; 0 means 5 minutes.
+	ViaMemory time.Duration
 	// Rand is the lottery's random source; nil means balancer.RuntimeSource.
 	Rand balancer.Source
 	// LocalSource reports whether a source address is this host's or one
@@ -101,6 +114,7 @@ type Proxy struct {
 
 	udpSessions atomic.Int64
 	stats       counters
+	ways        wayMemory // ViaAuto's (dialvia.go)
 	// locals maps the addresses of local servers to their handlers
 	// (copy-on-write; see SetLocal).
 	locals  atomic.Pointer[map[netip.AddrPort]LocalHandler]
@@ -149,6 +163,18 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.Dialer == nil {
 		cfg.Dialer = &net.Dialer{KeepAlive: 15 * time.Second}
+	}
+	if cfg.Via == ViaAPIServer && cfg.PodDialer == nil {
+		return nil, errors.New("proxy: Config.Via is apiserver without a PodDialer")
+	}
+	if cfg.Via > ViaAuto {
+		return nil, fmt.Errorf("proxy: Config.Via %v", cfg.Via)
+	}
+	if cfg.DirectAttempt <= 0 {
+		cfg.DirectAttempt = time.Second
+	}
+	if cfg.ViaMemory <= 0 {
+		cfg.ViaMemory = 5 * time.Minute
 	}
 	if cfg.Rand == nil {
 		cfg.Rand = balancer.RuntimeSource{}
@@ -260,6 +286,9 @@ func (p *Proxy) Admit(flow conntrack.Tuple) netstack.Decision {
 	}
 	tg := p.resolve(t, proto, flow.SrcAddr(), flow.Dst())
 	switch {
+	case tg.v == service.Forward && proto == service.UDP && p.udpNoWay(&tg):
+		p.stats.count(conntrack.UDP, ResultNoWay)
+		return netstack.Reject
 	case tg.v == service.Forward:
 		return netstack.Accept
 	case tg.v != service.NoEndpoints && !tg.v.Drop() && p.localFor(t, flow.Dst()) != nil:

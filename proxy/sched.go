@@ -256,6 +256,7 @@ type pick struct {
 	dest       *dest              // counts the flow; nil for an uncounted pick
 	tmpl       *balancer.Template // the persistence template, if any
 	pp         ProxyProtocol      // the header to send first, if any
+	pod        service.PodRef     // the endpoint's Pod, if its slice names one
 }
 
 // choose runs step 2 for a flow to tg (Forward), with s the port's state
@@ -294,7 +295,7 @@ func (p *Proxy) choose(s *portState, tg target, flow conntrack.Tuple) pick {
 		pk.tmpl = nil
 		return pk
 	}
-	pk.endpoint, pk.ok = eps[index].Addr, true
+	pk.endpoint, pk.pod, pk.ok = eps[index].Addr, eps[index].Pod, true
 	if set != nil {
 		pk.dest = set.dests[index]
 		pk.dest.conns.Open()

@@ -28,10 +28,14 @@ const (
 	// ResultInFlightLimited: a NodePort connection reset because too many
 	// were being set up at once.
 	ResultInFlightLimited
+	// ResultNoWay: a flow to an endpoint that only the API server reaches
+	// and that cannot go that way: UDP (pods/portforward carries TCP only),
+	// or an endpoint whose EndpointSlice names no Pod (dialvia.go).
+	ResultNoWay
 	numResults
 )
 
-var resultNames = [numResults]string{"proxied", "rejected_no_service", "rejected_no_endpoints", "dropped_local_policy", "dial_failed", "table_full", "local", "dropped_source_range", "in_flight_limited"}
+var resultNames = [numResults]string{"proxied", "rejected_no_service", "rejected_no_endpoints", "dropped_local_policy", "dial_failed", "table_full", "local", "dropped_source_range", "in_flight_limited", "no_way_to_endpoint"}
 
 func (r Result) String() string { return resultNames[r] }
 
@@ -43,9 +47,15 @@ type counters struct {
 	flows        [2][numResults]atomic.Uint64 // [tcp, udp]
 	affinityHits atomic.Uint64
 	bytes        [2]atomic.Uint64 // [client->endpoint, endpoint->client]
-	dialCount    atomic.Uint64
-	dialSumNanos atomic.Uint64
-	dialBuckets  [16]atomic.Uint64 // len(DialBuckets)
+	dials        [NumWays]dialCounters
+}
+
+// dialCounters count the dials of one Way.
+type dialCounters struct {
+	count    atomic.Uint64
+	sumNanos atomic.Uint64
+	buckets  [16]atomic.Uint64 // len(DialBuckets)
+	failed   atomic.Uint64
 }
 
 func protoIndex(p conntrack.Protocol) int {
@@ -57,13 +67,19 @@ func protoIndex(p conntrack.Protocol) int {
 
 func (c *counters) count(p conntrack.Protocol, r Result) { c.flows[protoIndex(p)][r].Add(1) }
 
-func (c *counters) observeDial(d time.Duration) {
-	c.dialCount.Add(1)
-	c.dialSumNanos.Add(uint64(d))
+// observeDial counts one dial of way that took d; ok is false for a
+// failure.
+func (c *counters) observeDial(way Way, d time.Duration, ok bool) {
+	dc := &c.dials[way]
+	dc.count.Add(1)
+	dc.sumNanos.Add(uint64(d))
+	if !ok {
+		dc.failed.Add(1)
+	}
 	s := d.Seconds()
 	for i, b := range DialBuckets {
 		if s <= b {
-			c.dialBuckets[i].Add(1)
+			dc.buckets[i].Add(1)
 		}
 	}
 }
@@ -76,12 +92,21 @@ type Stats struct {
 	AffinityHits uint64
 	// BytesToEndpoint and BytesToClient are the spliced payload bytes.
 	BytesToEndpoint, BytesToClient uint64
-	// Dial duration histogram: cumulative counts per DialBuckets bound.
-	DialCount   uint64
-	DialSum     time.Duration
-	DialBuckets [16]uint64
+	// Dials per Way (direct, apiserver): the duration histogram and the
+	// failures.
+	Dials [NumWays]DialStats
 	// Flows live now, and UDP sessions among them.
 	LiveFlows, UDPSessions int
+}
+
+// DialStats count the endpoint dials of one Way.
+type DialStats struct {
+	// Count dials took Sum in all; Buckets are the cumulative counts per
+	// DialBuckets bound; Failed of them failed.
+	Count   uint64
+	Sum     time.Duration
+	Buckets [16]uint64
+	Failed  uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -95,9 +120,12 @@ func (p *Proxy) Stats() Stats {
 	}
 	s.AffinityHits = c.affinityHits.Load()
 	s.BytesToEndpoint, s.BytesToClient = c.bytes[0].Load(), c.bytes[1].Load()
-	s.DialCount, s.DialSum = c.dialCount.Load(), time.Duration(c.dialSumNanos.Load())
-	for i := range c.dialBuckets {
-		s.DialBuckets[i] = c.dialBuckets[i].Load()
+	for w := range c.dials {
+		dc, ds := &c.dials[w], &s.Dials[w]
+		ds.Count, ds.Sum, ds.Failed = dc.count.Load(), time.Duration(dc.sumNanos.Load()), dc.failed.Load()
+		for i := range dc.buckets {
+			ds.Buckets[i] = dc.buckets[i].Load()
+		}
 	}
 	s.LiveFlows = p.Flows()
 	s.UDPSessions = int(p.udpSessions.Load())

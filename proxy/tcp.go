@@ -51,7 +51,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 	}
 	endpoint := pk.endpoint
 
-	backend, err := p.dialTCP(r.Context(), &pk, tuple) // 2
+	backend, way, err := p.dialTCP(r.Context(), &pk, tuple) // 2
 	if err != nil {
 		r.Refuse()
 		return
@@ -68,6 +68,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 	s := &splice{client: client, backend: backend, proxy: p, resetClient: func() { _ = client.Abort() }}
 	f := newFlow(tuple, true, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, func(bool) { s.abort() }) // 4
 	f.count(pk)
+	f.noteWay(p.cfg.Via, way)
 	defer p.untrack(f)
 	if !p.track(f) {
 		s.abort()
@@ -75,33 +76,36 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 	}
 	if ce := p.logger.Check(zap.DebugLevel, "TCP flow started"); ce != nil {
 		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
-			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
+			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint), zap.Stringer("way", way))
 	}
 	s.run() // 5
 }
 
-// dialTCP dials the pick's endpoint within DialTimeout of parent and sends
-// the PROXY protocol header its Service asks for. On a failure the pick is
-// released and the failure counted and logged; the caller refuses the
-// client.
-func (p *Proxy) dialTCP(parent context.Context, pk *pick, tuple conntrack.Tuple) (net.Conn, error) {
+// dialTCP dials the pick's endpoint, the way Config.Via says
+// (dialvia.go), within DialTimeout of parent, and sends the PROXY protocol
+// header its Service asks for. On a failure the pick is released and the
+// failure counted and logged; the caller refuses the client.
+func (p *Proxy) dialTCP(parent context.Context, pk *pick, tuple conntrack.Tuple) (net.Conn, Way, error) {
 	ctx, cancel := context.WithTimeout(parent, p.cfg.DialTimeout)
-	start := time.Now()
-	backend, err := p.cfg.Dialer.DialContext(ctx, "tcp", pk.endpoint.String())
+	backend, way, err := p.dialEndpoint(ctx, pk)
 	cancel()
-	p.stats.observeDial(time.Since(start))
 	if err == nil {
 		err = p.sendProxyHeader(backend, *pk, tuple)
 	}
 	if err != nil {
 		if ce := p.logger.Check(zap.DebugLevel, "endpoint dial failed"); ce != nil {
-			ce.Write(zap.Stringer("servicePort", pk.port.Name), zap.Stringer("endpoint", pk.endpoint), zap.Error(err))
+			ce.Write(zap.Stringer("servicePort", pk.port.Name), zap.Stringer("endpoint", pk.endpoint),
+				zap.Stringer("way", way), zap.Error(err))
 		}
 		pk.release()
-		p.stats.count(conntrack.TCP, ResultDialFailed)
-		return nil, err
+		if errors.Is(err, ErrNoPod) {
+			p.stats.count(conntrack.TCP, ResultNoWay)
+		} else {
+			p.stats.count(conntrack.TCP, ResultDialFailed)
+		}
+		return nil, way, err
 	}
-	return backend, nil
+	return backend, way, nil
 }
 
 // sendProxyHeader writes the PROXY protocol header the pick's Service asks

@@ -82,6 +82,13 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		return
 	}
 	endpoint := pk.endpoint
+	if !p.udpWay(endpoint) { // only the API server reaches it: no way for UDP (dialvia.go)
+		pk.release()
+		p.udpSessions.Add(-1)
+		p.stats.count(conntrack.UDP, ResultNoWay)
+		refuse()
+		return
+	}
 
 	backend, err := p.cfg.Dialer.DialContext(r.Context(), "udp", endpoint.String()) // 2
 	if err != nil {
@@ -96,6 +103,7 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 	u := &udpFlow{p: p, r: r, backend: backend}
 	u.flow = newFlow(tuple, false, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, u.finish)
 	u.flow.count(pk)
+	u.flow.noteWay(p.cfg.Via, WayDirect)
 	if !p.track(u.flow) { // 3
 		u.finish(true) // the entry went meanwhile: a later datagram starts afresh
 		return

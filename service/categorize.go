@@ -143,6 +143,7 @@ func gatherEndpoints(sl []*sliceInfo, fam Family, ps DNSPort, node nodeInfo, sc 
 					Addr:        netip.AddrPortFrom(se.addr, sp.port),
 					NodeName:    se.nodeName,
 					Zone:        se.zone,
+					Pod:         se.pod,
 					Local:       node.name != "" && se.nodeName == node.name,
 					Ready:       se.ready,
 					Serving:     se.serving,

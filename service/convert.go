@@ -220,6 +220,7 @@ type sliceEndpoint struct {
 	addr                        netip.Addr
 	hostname                    string
 	nodeName, zone              string
+	pod                         PodRef
 	ready, serving, terminating bool
 	zoneHints, nodeHints        []string
 }
@@ -292,6 +293,13 @@ func newSliceInfo(es *discoveryv1.EndpointSlice) *sliceInfo {
 		}
 		if e.Zone != nil {
 			se.zone = *e.Zone
+		}
+		if r := e.TargetRef; r != nil && r.Kind == "Pod" && r.Name != "" {
+			// A targetRef without a namespace is in the slice's own.
+			se.pod = PodRef{Namespace: r.Namespace, Name: r.Name}
+			if se.pod.Namespace == "" {
+				se.pod.Namespace = es.Namespace
+			}
 		}
 		if h := e.Hints; h != nil {
 			for _, z := range h.ForZones {

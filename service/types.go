@@ -120,6 +120,10 @@ type Endpoint struct {
 	// NodeName and Zone are copied from the EndpointSlice ("" when unset).
 	NodeName string
 	Zone     string
+	// Pod is the Pod the EndpointSlice's targetRef names; zero when the
+	// endpoint has no targetRef of kind Pod. It is how an endpoint is
+	// reached through the API server (pods/portforward).
+	Pod PodRef
 	// Local is true when NodeName is this node's name (Config.NodeName).
 	Local bool
 	// Conditions, with the EndpointSlice defaults applied: Ready and Serving
@@ -131,13 +135,29 @@ type Endpoint struct {
 	NodeHints []string
 }
 
+// PodRef names a Pod by namespace and name.
+type PodRef struct {
+	Namespace, Name string
+}
+
+// IsZero reports whether r names no Pod.
+func (r PodRef) IsZero() bool { return r.Name == "" }
+
+// String returns "namespace/name", or "" for the zero PodRef.
+func (r PodRef) String() string {
+	if r.Name == "" {
+		return ""
+	}
+	return r.Namespace + "/" + r.Name
+}
+
 // Key returns "ip:port", or "[ip]:port" for IPv6: kube-proxy's
 // Endpoint.String(), the string endpoints are de-duplicated and sorted by.
 // It allocates; Port.EndpointKeys holds the keys precomputed.
 func (e Endpoint) Key() string { return e.Addr.String() }
 
 func (e *Endpoint) equal(o *Endpoint) bool {
-	return e.Addr == o.Addr && e.NodeName == o.NodeName && e.Zone == o.Zone &&
+	return e.Addr == o.Addr && e.NodeName == o.NodeName && e.Zone == o.Zone && e.Pod == o.Pod &&
 		e.Local == o.Local && e.Ready == o.Ready && e.Serving == o.Serving &&
 		e.Terminating == o.Terminating && equalStrings(e.ZoneHints, o.ZoneHints) &&
 		equalStrings(e.NodeHints, o.NodeHints)

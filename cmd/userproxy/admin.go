@@ -19,6 +19,7 @@ import (
 	"github.com/userproxy/userproxy/rules"
 	"github.com/userproxy/userproxy/service"
 	"github.com/userproxy/userproxy/source/file"
+	"github.com/userproxy/userproxy/source/kube"
 )
 
 // adminDeps are the parts the admin server reports on.
@@ -39,6 +40,8 @@ type adminDeps struct {
 	families  []service.Family   // served: the ip_family label's values
 	// proxierHealth is kube-proxy's health state, for its counters.
 	proxierHealth *admin.ProxierHealth
+	dial          func() admin.DialView
+	pf            *kube.PortForwarder // nil with --dial-via direct
 }
 
 // servedFamilies returns the families of the service CIDRs, IPv4 first.
@@ -80,6 +83,9 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 	if np := d.nodePorts; np != nil {
 		sources.NodePorts = func() admin.NodePortStats { return admin.NodePortStats{Open: np.Listening(), Failed: len(np.Failed())} }
 	}
+	if d.pf != nil {
+		sources.Tunnels = func() admin.TunnelStats { return admin.TunnelStats(d.pf.Stats()) }
+	}
 	if d.defrag != nil { // a nil *Reassembler in an interface would not be nil
 		sources.Reassembler = d.defrag
 	}
@@ -95,6 +101,7 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 		Conntrack: d.ct,
 		Rules:     d.rules,
 		IPVS:      d.px.IPVS,
+		Dial:      d.dial,
 		Notes:     d.notes,
 		Profiling: d.profiling,
 	}

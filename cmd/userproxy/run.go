@@ -78,6 +78,10 @@ type runFlags struct {
 	schedulerFlags     string
 	sched              balancer.SchedulerConfig // parsed by validate
 	dialTimeout        time.Duration
+	dialViaName        string
+	via                proxy.DialVia // parsed by validate
+	dialDirect         time.Duration
+	tunnelIdle         time.Duration
 	maxInFlight        int
 	maxInFlightClient  int
 	maxUDPSessions     int
@@ -114,6 +118,9 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.scheduler, "scheduler", "random", "endpoint scheduler of Services without a "+service.AnnotationScheduler+" annotation: random (kube-proxy's iptables lottery) or an IPVS scheduler: rr, wrr, lc, wlc, sed, nq, sh, dh, mh")
 	fs.StringVar(&f.schedulerFlags, "scheduler-flags", "", "flags of --scheduler, as ipvsadm -b takes them (sh-port, sh-fallback, mh-port, mh-fallback, flag-N; comma-separated)")
 	fs.DurationVar(&f.dialTimeout, "dial-timeout", 5*time.Second, "timeout of a connection to an endpoint")
+	fs.StringVar(&f.dialViaName, "dial-via", "", "how TCP flows reach endpoints: direct (from this host), apiserver (through the API server's pods/portforward, for pods this host cannot route to), auto (direct first, then the API server; remembered per endpoint). Default: auto with an API server, direct with --config")
+	fs.DurationVar(&f.dialDirect, "dial-direct-timeout", time.Second, "with --dial-via auto: how long the first direct dial of an endpoint may take before the API server is tried")
+	fs.DurationVar(&f.tunnelIdle, "apiserver-tunnel-idle", 30*time.Second, "how long a pod's tunnel through the API server stays open without flows")
 	fs.IntVar(&f.maxInFlight, "max-inflight", 1024, "TCP handshakes waiting for their endpoint at once; further SYNs are dropped (counted)")
 	fs.IntVar(&f.maxInFlightClient, "max-inflight-per-client", 128, "one client address's share of --max-inflight")
 	fs.IntVar(&f.maxUDPSessions, "max-udp-sessions", 65536, "concurrent UDP flows; further flows are refused (counted as table_full)")
@@ -146,6 +153,17 @@ func (f *runFlags) validate() error {
 	case f.maxInFlight <= 0 || f.maxInFlightClient <= 0 || f.maxUDPSessions <= 0 || f.handshakeTimeout <= 0:
 		return errors.New("--max-inflight, --max-inflight-per-client, --max-udp-sessions and --handshake-timeout must be positive")
 	}
+	if f.dialDirect <= 0 || f.dialDirect >= f.dialTimeout {
+		return errDialDirectTimeout
+	}
+	if f.tunnelIdle <= 0 {
+		return errors.New("--apiserver-tunnel-idle must be positive")
+	}
+	via, err := f.dialVia()
+	if err != nil {
+		return err
+	}
+	f.via = via
 	f.nodeName = strings.ToLower(f.nodeName) // kube-proxy lowercases an override too
 	sched, err := balancer.ParseScheduler(f.scheduler, f.schedulerFlags)
 	if err != nil {
@@ -238,11 +256,21 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		max = conntrack.DefaultMax(runtime.NumCPU())
 	}
 	locals := newLocalSources(f.clusterCIDRs.values, logger.Named("local-addresses"))
-	px, err := proxy.New(proxy.Config{
+	pf, err := newPortForwarder(f, f.via, logger.Named("portforward"))
+	if err != nil {
+		return err
+	}
+	pxc := proxy.Config{
 		LocalSource: locals.local,
 		Conntrack:   conntrack.Config{Max: max, Timeouts: timeouts, Liberal: f.ctLiberal},
 		DialTimeout: f.dialTimeout, AffinityListSize: f.affinityListSize,
-		MaxUDPSessions: f.maxUDPSessions, Scheduler: f.sched, Logger: logger.Named("proxy")})
+		Via: f.via, DirectAttempt: f.dialDirect,
+		MaxUDPSessions: f.maxUDPSessions, Scheduler: f.sched, Logger: logger.Named("proxy")}
+	if pf != nil {
+		defer pf.Close() // after the flows: their streams go first
+		pxc.PodDialer = pf
+	}
+	px, err := proxy.New(pxc)
 	if err != nil {
 		return err
 	}
@@ -380,7 +408,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	// 6. The admin server.
 	if f.adminAddr != "" {
 		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts, proxierHealth: proxierHealth,
-			rest: rest, families: servedFamilies(f.serviceCIDRs.values),
+			rest: rest, families: servedFamilies(f.serviceCIDRs.values), dial: dialView(f.via, px, pf), pf: pf,
 			rules: rulesOptions(f, npAddrs),
 			notes: func() []string { return append(append(ext.notes(), nodePorts.Failed()...), sh.Failed()...) }}, logger.Named("admin"))
 		if err != nil {
@@ -389,7 +417,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		defer stopAdmin()
 	}
 	logger.Info("userproxy running", zap.String("tun", tun.name), zap.Stringer("serviceCIDRs", &f.serviceCIDRs),
-		zap.String("node", f.nodeName), zap.String("admin", f.adminAddr), f.dns.field())
+		zap.String("node", f.nodeName), zap.String("admin", f.adminAddr), zap.Stringer("dialVia", f.via), f.dns.field())
 
 	// 7. Until a signal, or the source fails for good.
 	select {

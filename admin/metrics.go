@@ -229,15 +229,6 @@ func labeled[S any](name, help string, typ prometheus.ValueType, labels []string
 	}}
 }
 
-// histogram is a metric family read from a cumulative histogram: cum[i]
-// counts the observations <= bounds[i].
-func histogram[S any](name, help string, h func(*S) (bounds []float64, cum []uint64, count uint64, sum float64)) def[S] {
-	return def[S]{newDesc(name, help), func(ch chan<- prometheus.Metric, d *prometheus.Desc, s *S) {
-		bounds, cum, count, sum := h(s)
-		ch <- constHistogram(d, bounds, cum, count, sum)
-	}}
-}
-
 // constHistogram is one histogram series: cum[i] counts the observations
 // <= bounds[i].
 func constHistogram(d *prometheus.Desc, bounds []float64, cum []uint64, count uint64, sum float64, labelValues ...string) prometheus.Metric {

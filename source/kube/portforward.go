@@ -35,11 +35,11 @@ import (
 
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
+	"k8s.io/streaming/pkg/httpstream"
 
 	"github.com/userproxy/userproxy/service"
 )
@@ -120,7 +120,7 @@ func NewPortForwarder(cfg PortForwardConfig) (*PortForwarder, error) {
 // upgrade opens a tunnel to pod (step 1): SPDY over a WebSocket, else SPDY.
 func (f *PortForwarder) upgrade(pod service.PodRef) (httpstream.Connection, error) {
 	u := f.pods.Post().Resource("pods").Namespace(pod.Namespace).Name(pod.Name).SubResource("portforward").URL()
-	ws, err := portforward.NewSPDYOverWebsocketDialer(u, f.cfg.REST)
+	ws, err := portforward.NewSPDYOverWebsocketDialerForStreaming(u, f.cfg.REST)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +128,10 @@ func (f *PortForwarder) upgrade(pod service.PodRef) (httpstream.Connection, erro
 	if err != nil {
 		return nil, err
 	}
-	d := portforward.NewFallbackDialer(ws, spdy.NewDialer(up, &http.Client{Transport: rt}, http.MethodPost, u),
+	// k8s.io/streaming's checks: the WebSocket dialer fails with its
+	// UpgradeFailureError, which apimachinery's IsUpgradeFailure does not
+	// recognize.
+	d := portforward.NewFallbackDialerForStreaming(ws, spdy.NewDialerForStreaming(up, &http.Client{Transport: rt}, http.MethodPost, u),
 		func(err error) bool { return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err) })
 	conn, _, err := d.Dial(portforward.PortForwardProtocolV1Name)
 	return conn, err

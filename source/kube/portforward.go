@@ -161,17 +161,29 @@ func (f *PortForwarder) DialPod(ctx context.Context, pod service.PodRef, port ui
 		if err != nil {
 			return nil, err
 		}
-		c, err := f.openStreams(ctx, t, port)
+		sctx, cancel := ctx, context.CancelFunc(func() {})
+		if attempt == 0 {
+			// A tunnel whose far end died is noticed only at the next ping
+			// (through a WebSocket, up to 10 s: the API server's tunnel
+			// waits for the client to write); a live one answers in
+			// milliseconds. So the first try is short, and then the tunnel
+			// is given up and a new one opened.
+			sctx, cancel = context.WithTimeout(ctx, streamAttempt)
+		}
+		c, err := f.openStreams(sctx, t, port)
+		cancel()
 		if err == nil {
 			return c, nil
 		}
 		if ctx.Err() != nil || attempt > 0 {
 			return nil, err
 		}
-		// The tunnel may have died under us: open a new one, once.
 		f.drop(t, &f.stats.broken)
 	}
 }
+
+// streamAttempt bounds the first try to open a flow's streams on a tunnel.
+const streamAttempt = 2 * time.Second
 
 // tunnelFor returns pod's open tunnel, opening it if needed, and counts a
 // stream on it; the caller must call release.

@@ -66,13 +66,13 @@ func tmpfsDir(t testing.TB) string {
 
 // startCluster starts etcd and kube-apiserver for one test; they stop when
 // it ends. On failure the logs' last lines are printed.
-func startCluster(t *testing.T) (*kubeapi.Cluster, kubernetes.Interface) {
+func startCluster(t testing.TB) (*kubeapi.Cluster, kubernetes.Interface) {
 	t.Helper()
 	return startClusterWith(t)
 }
 
 // startClusterWith is startCluster with more flags for the API server.
-func startClusterWith(t *testing.T, extraAPIServerArgs ...string) (*kubeapi.Cluster, kubernetes.Interface) {
+func startClusterWith(t testing.TB, extraAPIServerArgs ...string) (*kubeapi.Cluster, kubernetes.Interface) {
 	t.Helper()
 	bins := requireBinaries(t)
 	dir := tmpfsDir(t)

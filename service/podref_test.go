@@ -12,7 +12,9 @@ import (
 )
 
 func targetRef(kind, ns, name string) func(*discoveryv1.Endpoint) {
-	return func(e *discoveryv1.Endpoint) { e.TargetRef = &v1.ObjectReference{Kind: kind, Namespace: ns, Name: name} }
+	return func(e *discoveryv1.Endpoint) {
+		e.TargetRef = &v1.ObjectReference{Kind: kind, Namespace: ns, Name: name}
+	}
 }
 
 // TestEndpointPodRef: an endpoint keeps the Pod its targetRef names (the

@@ -55,4 +55,4 @@ func dialView(via proxy.DialVia, px *proxy.Proxy, pf *kube.PortForwarder) func()
 	}
 }
 
-var errDialDirectTimeout = errors.New("--dial-direct-timeout must be positive and below --dial-timeout")
+var errDialDirectTimeout = errors.New("--dial-via auto: --dial-direct-timeout must be positive and below --dial-timeout")

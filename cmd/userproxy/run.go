@@ -153,17 +153,17 @@ func (f *runFlags) validate() error {
 	case f.maxInFlight <= 0 || f.maxInFlightClient <= 0 || f.maxUDPSessions <= 0 || f.handshakeTimeout <= 0:
 		return errors.New("--max-inflight, --max-inflight-per-client, --max-udp-sessions and --handshake-timeout must be positive")
 	}
-	if f.dialDirect <= 0 || f.dialDirect >= f.dialTimeout {
-		return errDialDirectTimeout
-	}
-	if f.tunnelIdle <= 0 {
-		return errors.New("--apiserver-tunnel-idle must be positive")
-	}
 	via, err := f.dialVia()
 	if err != nil {
 		return err
 	}
 	f.via = via
+	if via == proxy.ViaAuto && (f.dialDirect <= 0 || f.dialDirect >= f.dialTimeout) {
+		return errDialDirectTimeout
+	}
+	if f.tunnelIdle <= 0 {
+		return errors.New("--apiserver-tunnel-idle must be positive")
+	}
 	f.nodeName = strings.ToLower(f.nodeName) // kube-proxy lowercases an override too
 	sched, err := balancer.ParseScheduler(f.scheduler, f.schedulerFlags)
 	if err != nil {

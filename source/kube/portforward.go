@@ -8,16 +8,22 @@ package kube
 //     pods/NAME/portforward upgraded with client-go's dialers (SPDY over a
 //     WebSocket, falling back to plain SPDY for an API server that does not
 //     take the WebSocket). Concurrent dials to one pod wait for the same
-//     opening; a failed opening is not kept, so the next dial tries again.
+//     opening; a failed opening is remembered for failHold, so that a pod
+//     that cannot be reached is not asked for on every flow.
 //  2. Each flow is one pair of streams on the tunnel, as the kubelet's
 //     port-forward protocol has it (portforward.k8s.io): an error stream
-//     and a data stream with the same requestID and the pod's port.
-//  3. The flow's connection (podConn) reads and writes the data stream; at
-//     the data stream's end it looks at the error stream: a message there
-//     (the kubelet could not reach the port), or a tunnel that broke, is a
-//     read error, so the proxy resets the client rather than ending its
-//     flow cleanly.
-//  4. A tunnel with no streams left is closed after Idle; a tunnel that
+//     and a data stream with the same requestID and the pod's port. The
+//     first try on a tunnel is short (streamAttempt): a tunnel that does not
+//     answer is retired (no new flows; its flows go on) and a new one opened.
+//  3. The flow's connection (podConn): a pump goroutine reads the data
+//     stream into a bounded buffer, so that a client that stops reading
+//     cannot stall the tunnel's other flows (the SPDY library hands frames
+//     to streams one at a time); a flow whose buffer stays full for
+//     StallLimit is reset. At the data stream's end the pump looks at the
+//     error stream: a message there (the kubelet could not reach the port)
+//     or a tunnel that broke is a read error, so the proxy resets the
+//     client rather than ending its flow cleanly.
+//  4. A tunnel with no flows left is closed after Idle; a tunnel that
 //     breaks (the API server, the kubelet, the network) leaves the table at
 //     once, and its flows fail as in step 3; the next dial opens a new one.
 
@@ -52,9 +58,28 @@ type PortForwardConfig struct {
 	Idle time.Duration
 	// OpenTimeout bounds the opening of a tunnel; 0 means 15 s.
 	OpenTimeout time.Duration
+	// StallLimit is how long a flow whose client reads nothing may hold a
+	// full buffer (2 MiB) before it is reset, so that it does not hold up
+	// the other flows of its tunnel; 0 means 10 s.
+	StallLimit time.Duration
 	// Logger; nil means zap.NewNop().
 	Logger *zap.Logger
 }
+
+const (
+	// streamAttempt bounds the first try to open a flow's streams on a
+	// tunnel. A tunnel whose far end died is noticed only at its next ping
+	// (through the API server's WebSocket translation up to 10 s: its
+	// tunnel waits for the client to write); a live one answers in
+	// milliseconds.
+	streamAttempt = 2 * time.Second
+	// failHold is how long a failed opening answers the dials to its pod.
+	failHold = time.Second
+	// maxBuffered bounds what a flow's pump holds for a client that does
+	// not read (PortForwardConfig.StallLimit).
+	maxBuffered = 2 << 20
+	chunkSize   = 32 << 10
+)
 
 // PortForwarder carries TCP connections to pods through the API server's
 // pods/portforward; it implements proxy.PodDialer. Its methods are safe for
@@ -63,13 +88,16 @@ type PortForwarder struct {
 	cfg    PortForwardConfig
 	pods   rest.Interface
 	logger *zap.Logger
-	// open opens a tunnel to a pod (a field, so that tests can count).
+	// open opens a tunnel to a pod (a field, so that tests can replace
+	// it). It takes no context (client-go's dialers do not): openTunnel
+	// bounds the wait instead.
 	open func(pod service.PodRef) (httpstream.Connection, error)
+	done chan struct{} // closed by Close
 
 	mu      sync.Mutex
 	tunnels map[service.PodRef]*tunnel
 	closed  bool
-	wg      sync.WaitGroup // the openers and the tunnels' watchers
+	wg      sync.WaitGroup // openTunnel, the watchers, the flows' pumps and closers
 
 	stats struct {
 		opens, openFailures, broken, idleClosed atomic.Uint64
@@ -82,13 +110,14 @@ type PortForwarder struct {
 type PortForwardStats struct {
 	// Tunnels is the tunnels open now; Opens counts the tunnels opened,
 	// OpenFailures the openings that failed, Broken the tunnels that broke
-	// under their flows and IdleClosed those closed for lack of flows.
+	// under their flows or stopped answering, and IdleClosed those closed
+	// for lack of flows.
 	Tunnels                                 int
 	Opens, OpenFailures, Broken, IdleClosed uint64
 	// StreamsOpen is the flows carried now; Streams counts the flows
 	// carried, StreamFailures those whose streams could not be opened and
-	// StreamErrors those the kubelet ended with an error (or whose tunnel
-	// broke).
+	// StreamErrors those ended with an error (the kubelet's, a broken
+	// tunnel, a client that stopped reading).
 	StreamsOpen                           int
 	Streams, StreamFailures, StreamErrors uint64
 }
@@ -105,6 +134,9 @@ func NewPortForwarder(cfg PortForwardConfig) (*PortForwarder, error) {
 	if cfg.OpenTimeout <= 0 {
 		cfg.OpenTimeout = 15 * time.Second
 	}
+	if cfg.StallLimit <= 0 {
+		cfg.StallLimit = 10 * time.Second
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
@@ -112,7 +144,8 @@ func NewPortForwarder(cfg PortForwardConfig) (*PortForwarder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube: port-forward client: %w", err)
 	}
-	f := &PortForwarder{cfg: cfg, pods: cs.CoreV1().RESTClient(), logger: cfg.Logger, tunnels: map[service.PodRef]*tunnel{}}
+	f := &PortForwarder{cfg: cfg, pods: cs.CoreV1().RESTClient(), logger: cfg.Logger,
+		tunnels: map[service.PodRef]*tunnel{}, done: make(chan struct{})}
 	f.open = f.upgrade
 	return f, nil
 }
@@ -137,17 +170,23 @@ func (f *PortForwarder) upgrade(pod service.PodRef) (httpstream.Connection, erro
 	return conn, err
 }
 
-// tunnel is one pod's port-forward connection.
+// tunnel is one pod's port-forward connection. conn, err and failedAt are
+// set under PortForwarder.mu before ready closes; after that they do not
+// change.
 type tunnel struct {
-	pod   service.PodRef
-	ready chan struct{} // closed once the opening ended
-	conn  httpstream.Connection
-	err   error // of the opening, set before ready closes
+	pod      service.PodRef
+	ready    chan struct{} // closed once the opening ended
+	conn     httpstream.Connection
+	err      error     // of the opening
+	failedAt time.Time // when the opening failed
+
+	closing   chan struct{} // closed just before we close conn ourselves
+	closeOnce sync.Once
 
 	nextID  atomic.Uint64 // requestID of the next stream pair
-	streams int           // under PortForwarder.mu
+	streams int           // under PortForwarder.mu: flows on it and dials waiting for it
 	idle    *time.Timer   // under PortForwarder.mu: runs while streams == 0
-	gone    bool          // under PortForwarder.mu: out of the table
+	gone    bool          // under PortForwarder.mu: out of the table (no new flows)
 }
 
 // ErrClosed is the dial error once the PortForwarder is closed.
@@ -163,11 +202,6 @@ func (f *PortForwarder) DialPod(ctx context.Context, pod service.PodRef, port ui
 		}
 		sctx, cancel := ctx, context.CancelFunc(func() {})
 		if attempt == 0 {
-			// A tunnel whose far end died is noticed only at the next ping
-			// (through a WebSocket, up to 10 s: the API server's tunnel
-			// waits for the client to write); a live one answers in
-			// milliseconds. So the first try is short, and then the tunnel
-			// is given up and a new one opened.
 			sctx, cancel = context.WithTimeout(ctx, streamAttempt)
 		}
 		c, err := f.openStreams(sctx, t, port)
@@ -178,15 +212,12 @@ func (f *PortForwarder) DialPod(ctx context.Context, pod service.PodRef, port ui
 		if ctx.Err() != nil || attempt > 0 {
 			return nil, err
 		}
-		f.drop(t, &f.stats.broken)
+		f.retire(t)
 	}
 }
 
-// streamAttempt bounds the first try to open a flow's streams on a tunnel.
-const streamAttempt = 2 * time.Second
-
-// tunnelFor returns pod's open tunnel, opening it if needed, and counts a
-// stream on it; the caller must call release.
+// tunnelFor returns pod's tunnel, opening it if needed, and counts a flow
+// on it; the caller must release it.
 func (f *PortForwarder) tunnelFor(ctx context.Context, pod service.PodRef) (*tunnel, error) {
 	f.mu.Lock()
 	if f.closed {
@@ -194,11 +225,19 @@ func (f *PortForwarder) tunnelFor(ctx context.Context, pod service.PodRef) (*tun
 		return nil, ErrClosed
 	}
 	t := f.tunnels[pod]
+	if t != nil && t.err != nil && time.Since(t.failedAt) >= failHold {
+		delete(f.tunnels, pod) // the failure is old: try again
+		t = nil
+	}
 	if t == nil {
-		t = &tunnel{pod: pod, ready: make(chan struct{})}
+		t = &tunnel{pod: pod, ready: make(chan struct{}), closing: make(chan struct{})}
 		f.tunnels[pod] = t
 		f.wg.Add(1)
 		go f.openTunnel(t)
+	}
+	if t.err != nil {
+		f.mu.Unlock()
+		return nil, t.err
 	}
 	t.streams++
 	if t.idle != nil {
@@ -219,9 +258,9 @@ func (f *PortForwarder) tunnelFor(ctx context.Context, pod service.PodRef) (*tun
 	return t, nil
 }
 
-// openTunnel opens t (step 1), bounded by OpenTimeout: an opening that
-// takes longer fails its waiters, and a connection that arrives later is
-// closed.
+// openTunnel opens t (step 1), bounded by OpenTimeout and by Close. A
+// connection that arrives after the wait ended is closed; the goroutine
+// inside client-go's dialer that it waits for is not ours to stop.
 func (f *PortForwarder) openTunnel(t *tunnel) {
 	defer f.wg.Done()
 	type result struct {
@@ -229,10 +268,17 @@ func (f *PortForwarder) openTunnel(t *tunnel) {
 		err  error
 	}
 	res := make(chan result, 1)
-	go func() {
+	go func() { // tunnel opener: client-go's dial, which takes no context
 		c, err := f.open(t.pod)
 		res <- result{c, err}
 	}()
+	abandon := func() {
+		go func() { // late tunnel closer
+			if late := <-res; late.conn != nil {
+				_ = late.conn.Close()
+			}
+		}()
+	}
 	timer := time.NewTimer(f.cfg.OpenTimeout)
 	defer timer.Stop()
 	var r result
@@ -240,55 +286,56 @@ func (f *PortForwarder) openTunnel(t *tunnel) {
 	case r = <-res:
 	case <-timer.C:
 		r.err = fmt.Errorf("opening the tunnel took longer than %v", f.cfg.OpenTimeout)
-		go func() {
-			if late := <-res; late.conn != nil {
-				_ = late.conn.Close()
-			}
-		}()
+		abandon()
+	case <-f.done:
+		r.err = ErrClosed
+		abandon()
+	}
+	f.mu.Lock()
+	if r.err == nil && f.closed { // Close ran meanwhile
+		_ = r.conn.Close()
+		r.conn, r.err = nil, ErrClosed
 	}
 	if r.err != nil {
-		t.err = fmt.Errorf("pods/portforward of %s: %w", t.pod, r.err)
-		f.stats.openFailures.Add(1)
-		f.logger.Warn("tunnel to a pod through the API server failed", zap.Stringer("pod", t.pod), zap.Error(r.err))
-		f.mu.Lock()
-		f.forget(t)
+		t.err, t.failedAt = fmt.Errorf("pods/portforward of %s: %w", t.pod, r.err), time.Now()
+		t.gone = true // kept in the table for failHold, for no new flows
 		f.mu.Unlock()
 		close(t.ready)
+		if !errors.Is(r.err, ErrClosed) {
+			f.stats.openFailures.Add(1)
+			f.logger.Warn("tunnel to a pod through the API server failed", zap.Stringer("pod", t.pod), zap.Error(r.err))
+		}
 		return
 	}
 	t.conn = r.conn
-	f.stats.opens.Add(1)
-	f.logger.Debug("tunnel to a pod opened through the API server", zap.Stringer("pod", t.pod))
-	f.mu.Lock()
-	if f.closed { // Close ran meanwhile
-		f.forget(t)
-		f.mu.Unlock()
-		_ = t.conn.Close()
-		t.conn, t.err = nil, ErrClosed
-		close(t.ready)
-		return
+	if t.streams == 0 { // every dial waiting for it gave up
+		f.armIdle(t)
 	}
 	f.wg.Add(1)
 	f.mu.Unlock()
 	close(t.ready)
+	f.stats.opens.Add(1)
+	f.logger.Debug("tunnel to a pod opened through the API server", zap.Stringer("pod", t.pod))
 	go f.watch(t)
 }
 
-// watch drops t from the table when its connection closes (step 4).
+// watch takes t out of the table when its connection closes (step 4).
 func (f *PortForwarder) watch(t *tunnel) {
 	defer f.wg.Done()
 	<-t.conn.CloseChan()
+	select {
+	case <-t.closing: // we closed it
+		return
+	default:
+	}
 	f.mu.Lock()
-	gone := t.gone
 	f.forget(t)
 	f.mu.Unlock()
-	if !gone {
-		f.stats.broken.Add(1)
-		f.logger.Info("tunnel to a pod through the API server broke", zap.Stringer("pod", t.pod))
-	}
+	f.stats.broken.Add(1)
+	f.logger.Info("tunnel to a pod through the API server broke", zap.Stringer("pod", t.pod))
 }
 
-// forget takes t out of the table, under f.mu.
+// forget takes t out of the table: no new flows, under f.mu.
 func (f *PortForwarder) forget(t *tunnel) {
 	t.gone = true
 	if f.tunnels[t.pod] == t {
@@ -300,51 +347,77 @@ func (f *PortForwarder) forget(t *tunnel) {
 	}
 }
 
-// drop closes t and counts why.
-func (f *PortForwarder) drop(t *tunnel, why *atomic.Uint64) {
+// closeConn closes t's connection; its flows see a broken tunnel.
+func (t *tunnel) closeConn() {
+	t.closeOnce.Do(func() {
+		close(t.closing)
+		if t.conn != nil {
+			_ = t.conn.Close()
+		}
+	})
+}
+
+// retire takes a tunnel that did not answer out of the table; its flows go
+// on, and it closes with the last of them.
+func (f *PortForwarder) retire(t *tunnel) {
 	f.mu.Lock()
-	gone := t.gone
+	was := t.gone
 	f.forget(t)
+	last := t.streams == 0
 	f.mu.Unlock()
-	if !gone {
-		why.Add(1)
+	if !was {
+		f.stats.broken.Add(1)
+		f.logger.Info("tunnel to a pod through the API server did not answer: a new one is opened", zap.Stringer("pod", t.pod))
 	}
-	if t.conn != nil {
-		_ = t.conn.Close()
+	if last {
+		t.closeConn()
 	}
 }
 
-// release uncounts a stream of t; the last one starts the idle timer.
+// release uncounts a flow of t; the last one starts the idle timer, or
+// closes a tunnel out of the table.
 func (f *PortForwarder) release(t *tunnel) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	t.streams--
-	if t.streams > 0 || t.gone || t.conn == nil {
-		return
+	closeNow := t.streams == 0 && t.gone && t.conn != nil
+	if t.streams == 0 && !t.gone && t.conn != nil {
+		f.armIdle(t)
 	}
-	t.idle = time.AfterFunc(f.cfg.Idle, func() {
+	f.mu.Unlock()
+	if closeNow {
+		t.closeConn()
+	}
+}
+
+// armIdle starts t's idle timer, under f.mu.
+func (f *PortForwarder) armIdle(t *tunnel) {
+	var timer *time.Timer
+	timer = time.AfterFunc(f.cfg.Idle, func() {
 		f.mu.Lock()
-		if t.streams > 0 || t.gone {
+		if t.idle != timer || t.streams > 0 || t.gone { // stopped, used, or dropped meanwhile
 			f.mu.Unlock()
 			return
 		}
 		f.forget(t)
 		f.mu.Unlock()
 		f.stats.idleClosed.Add(1)
-		_ = t.conn.Close()
+		t.closeConn()
 	})
+	t.idle = timer
 }
 
 // openStreams opens a flow's pair of streams on t (step 2). CreateStream
 // takes no context, so the pair is opened on a goroutine and abandoned
-// (and closed when it arrives) if ctx ends first.
+// (and freed when it arrives) if ctx ends first.
 func (f *PortForwarder) openStreams(ctx context.Context, t *tunnel, port uint16) (net.Conn, error) {
 	type result struct {
 		c   *podConn
 		err error
 	}
 	res := make(chan result, 1)
-	go func() {
+	f.wg.Add(1)
+	go func() { // stream opener
+		defer f.wg.Done()
 		c, err := f.createPair(t, port)
 		res <- result{c, err}
 	}()
@@ -357,16 +430,19 @@ func (f *PortForwarder) openStreams(ctx context.Context, t *tunnel, port uint16)
 		}
 		f.stats.streams.Add(1)
 		f.stats.streamsOpen.Add(1)
+		r.c.start()
 		return r.c, nil
 	case <-ctx.Done():
-		go func() {
+		f.stats.streamFailures.Add(1)
+		f.wg.Add(1)
+		go func() { // late stream pair freer
+			defer f.wg.Done()
 			if r := <-res; r.c != nil {
-				_ = r.c.Close()
-			} else {
-				f.release(t)
+				r.c.free()
 			}
+			f.release(t)
 		}()
-		return nil, ctx.Err()
+		return nil, fmt.Errorf("streams to %s port %d: %w", t.pod, port, ctx.Err())
 	}
 }
 
@@ -388,14 +464,14 @@ func (f *PortForwarder) createPair(t *tunnel, port uint16) (*podConn, error) {
 		t.conn.RemoveStreams(errStream)
 		return nil, fmt.Errorf("data stream to %s port %d: %w", t.pod, port, err)
 	}
-	c := &podConn{f: f, t: t, port: port, data: data, errStream: errStream, errDone: make(chan struct{})}
-	go c.readError()
-	return c, nil
+	return &podConn{f: f, t: t, port: port, data: data, errStream: errStream,
+		errDone: make(chan struct{}), chunks: make(chan []byte, maxBuffered/chunkSize), closed: make(chan struct{})}, nil
 }
 
 // podConn is one flow through a tunnel (step 3): a net.Conn over the data
-// stream. Deadlines are accepted and ignored (streams have none); the
-// proxy bounds a flow by its conntrack entry instead.
+// stream. Read is for one goroutine at a time, as is Write. Deadlines are
+// accepted and ignored (streams have none); the proxy bounds a flow by its
+// conntrack entry instead. Close resets the flow and never blocks.
 type podConn struct {
 	f         *PortForwarder
 	t         *tunnel
@@ -407,52 +483,115 @@ type podConn struct {
 	errMsg  string        // what it carried, set before errDone closes
 	errErr  error
 
-	once sync.Once
+	chunks  chan []byte   // the pump's reads, closed at the stream's end
+	final   error         // io.EOF or the flow's error, set before chunks closes
+	pending []byte        // what Read has left of the last chunk
+	closed  chan struct{} // closed by Close
+
+	halfClosed atomic.Bool // CloseWrite was called
+	clean      atomic.Bool // the data stream ended without an error
+	once       sync.Once
 }
 
-func (c *podConn) readError() {
-	msg, err := io.ReadAll(c.errStream)
-	c.errMsg, c.errErr = string(msg), err
-	close(c.errDone)
+// start runs the flow's goroutines: the error stream's reader and the
+// pump.
+func (c *podConn) start() {
+	c.f.wg.Add(2)
+	go func() { // error stream reader
+		defer c.f.wg.Done()
+		msg, err := io.ReadAll(c.errStream)
+		c.errMsg, c.errErr = string(msg), err
+		close(c.errDone)
+	}()
+	go func() { defer c.f.wg.Done(); c.pump() }()
 }
 
-// errTunnelBroke is a flow's read error when its tunnel broke under it.
-var errTunnelBroke = errors.New("the tunnel through the API server broke")
-
-// Read reads the data stream; its end is an error unless the kubelet ended
-// the flow cleanly (step 3).
-func (c *podConn) Read(b []byte) (int, error) {
-	n, err := c.data.Read(b)
-	switch {
-	case err == nil:
-		return n, nil
-	case errors.Is(err, io.EOF):
-		return n, c.endErr()
+// pump moves the data stream into chunks (step 3).
+func (c *podConn) pump() { // pump: data stream -> the flow's buffer
+	defer close(c.chunks)
+	for {
+		b := make([]byte, chunkSize)
+		n, err := c.data.Read(b)
+		if n > 0 && !c.put(b[:n]) {
+			return
+		}
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, io.EOF):
+			c.final = c.endErr()
+			c.clean.Store(c.final == io.EOF)
+		default:
+			c.final = c.streamErr(err)
+		}
+		return
 	}
-	return n, c.streamErr(err)
+}
+
+// errStalled ends a flow whose client stopped reading.
+var errStalled = fmt.Errorf("the client read nothing of the %d MiB buffered for it", maxBuffered>>20)
+
+// put hands a chunk to Read; it reports false when the flow ends instead
+// (closed, or stalled: then the flow is reset, so that it holds up no
+// other flow of the tunnel).
+func (c *podConn) put(b []byte) bool {
+	select {
+	case c.chunks <- b:
+		return true
+	case <-c.closed:
+		return false
+	case <-c.f.done:
+		return false
+	default:
+	}
+	timer := time.NewTimer(c.f.cfg.StallLimit)
+	defer timer.Stop()
+	select {
+	case c.chunks <- b:
+		return true
+	case <-c.closed:
+		return false
+	case <-c.f.done:
+		return false
+	case <-timer.C:
+		c.final = c.streamErr(errStalled)
+		_ = c.data.Reset()
+		return false
+	}
 }
 
 // endErr is the read error at the data stream's end: io.EOF, the kubelet's
-// message, or errTunnelBroke.
+// message, or a broken tunnel.
 func (c *podConn) endErr() error {
+	broke := func() error {
+		return c.streamErr(fmt.Errorf("pod %s port %d: the tunnel through the API server broke", c.t.pod, c.port))
+	}
 	select {
 	case <-c.errDone:
 	case <-c.t.conn.CloseChan():
 		select {
 		case <-c.errDone: // both: the error stream decides
 		default:
-			return c.streamErr(errTunnelBroke)
+			return broke()
 		}
+	case <-c.t.closing:
+		return broke()
+	case <-c.f.done:
+		return broke()
+	case <-c.closed: // nobody reads on
+		return io.EOF
 	}
-	if c.errMsg != "" {
+	switch {
+	case c.errMsg != "":
 		return c.streamErr(fmt.Errorf("pod %s port %d: %s", c.t.pod, c.port, c.errMsg))
-	}
-	if c.errErr != nil {
+	case c.errErr != nil:
 		return c.streamErr(c.errErr)
 	}
 	select {
 	case <-c.t.conn.CloseChan():
-		return c.streamErr(errTunnelBroke)
+		return broke()
+	case <-c.t.closing:
+		return broke()
 	default:
 	}
 	return io.EOF
@@ -461,6 +600,21 @@ func (c *podConn) endErr() error {
 func (c *podConn) streamErr(err error) error {
 	c.f.stats.streamErrors.Add(1)
 	return err
+}
+
+// Read reads what the pump read; the flow's end is io.EOF only if the
+// kubelet ended it cleanly.
+func (c *podConn) Read(b []byte) (int, error) {
+	if len(c.pending) == 0 {
+		chunk, ok := <-c.chunks
+		if !ok {
+			return 0, c.final
+		}
+		c.pending = chunk
+	}
+	n := copy(b, c.pending)
+	c.pending = c.pending[n:]
+	return n, nil
 }
 
 func (c *podConn) Write(b []byte) (int, error) {
@@ -472,18 +626,41 @@ func (c *podConn) Write(b []byte) (int, error) {
 }
 
 // CloseWrite half-closes the flow: the kubelet sees the data stream end.
-func (c *podConn) CloseWrite() error { return c.data.Close() }
+func (c *podConn) CloseWrite() error {
+	c.halfClosed.Store(true)
+	return c.data.Close()
+}
 
-// Close resets both streams, frees them, and uncounts the flow.
+// Close ends the flow and uncounts it. The streams are reset on a
+// goroutine: a reset is a frame written under the tunnel's write lock, which
+// a backed-up tunnel may hold for a while, and Close runs on the proxy's
+// reaper.
 func (c *podConn) Close() error {
 	c.once.Do(func() {
-		_ = c.data.Reset()
-		_ = c.errStream.Reset()
-		c.t.conn.RemoveStreams(c.data, c.errStream)
+		close(c.closed)
 		c.f.stats.streamsOpen.Add(-1)
-		c.f.release(c.t)
+		c.f.wg.Add(1)
+		go func() { // stream pair closer
+			defer c.f.wg.Done()
+			c.free()
+			c.f.release(c.t)
+		}()
 	})
 	return nil
+}
+
+// free resets both streams and takes them off the tunnel. A half-closed
+// data stream is finished for the SPDY library, whose Reset then sends
+// nothing: it is cancelled (an RST_STREAM) unless it ended cleanly.
+func (c *podConn) free() {
+	if c.halfClosed.Load() && !c.clean.Load() {
+		if cs, ok := c.data.(interface{ Cancel() error }); ok {
+			_ = cs.Cancel()
+		}
+	}
+	_ = c.data.Reset()
+	_ = c.errStream.Reset()
+	c.t.conn.RemoveStreams(c.data, c.errStream)
 }
 
 // podAddr is a flow's far end: the pod and port, not an address.
@@ -518,8 +695,8 @@ func (f *PortForwarder) Stats() PortForwardStats {
 	}
 }
 
-// Tunnels returns the pods with an open tunnel and the flows on each, for
-// /debug.
+// Tunnels returns the pods with an open tunnel in the table and, for each,
+// its flows and the dials waiting for it, for /debug.
 func (f *PortForwarder) Tunnels() map[string]int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -532,21 +709,28 @@ func (f *PortForwarder) Tunnels() map[string]int {
 	return out
 }
 
-// Close closes every tunnel (their flows fail) and waits for the
-// goroutines; later dials fail with ErrClosed.
+// Close closes every tunnel (their flows fail), stops the openings and
+// waits for the goroutines; later dials fail with ErrClosed.
 func (f *PortForwarder) Close() {
 	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		f.wg.Wait()
+		return
+	}
 	f.closed = true
+	close(f.done)
 	var ts []*tunnel
 	for _, t := range f.tunnels {
 		ts = append(ts, t)
+		f.forget(t)
 	}
 	f.mu.Unlock()
 	for _, t := range ts {
 		select {
 		case <-t.ready:
-			f.drop(t, new(atomic.Uint64))
-		default: // still opening: openTunnel sees closed
+			t.closeConn()
+		default: // still opening: openTunnel sees done
 		}
 	}
 	f.wg.Wait()

@@ -403,6 +403,19 @@ func proxyGroup(snap func() proxy.Stats) metricGroup {
 					emit(float64(s.Dials[w].Failed), proxy.Way(w).String())
 				}
 			}),
+		counter(own("dial_fallbacks_total"), "With --dial-via auto: first direct dials of an endpoint that went unanswered, after which the flow went through the API server (not failures).",
+			func(s *proxy.Stats) uint64 { return s.Fallbacks }),
+		labeled(own("flows_by_way_total"), "Proxied flows by protocol and the way they reached their endpoint: direct, apiserver.",
+			prometheus.CounterValue, []string{"protocol", "way"}, func(s *proxy.Stats, emit func(float64, ...string)) {
+				for pi, proto := range []string{"tcp", "udp"} {
+					for w := range s.FlowsByWay[pi] {
+						if proto == "udp" && proxy.Way(w) == proxy.WayAPIServer {
+							continue // UDP never goes that way
+						}
+						emit(float64(s.FlowsByWay[pi][w]), proto, proxy.Way(w).String())
+					}
+				}
+			}),
 		labeled(own("spliced_bytes_total"), "Payload bytes copied between clients and endpoints.",
 			prometheus.CounterValue, []string{"direction"}, func(s *proxy.Stats, emit func(float64, ...string)) {
 				emit(float64(s.BytesToEndpoint), "to_endpoint")

@@ -82,6 +82,7 @@ func fakeSources() admin.Sources {
 	px.Dials[proxy.WayDirect].Count, px.Dials[proxy.WayDirect].Sum = 3, 1500*time.Microsecond
 	px.Dials[proxy.WayAPIServer].Count, px.Dials[proxy.WayAPIServer].Sum = 2, 40*time.Millisecond
 	px.Dials[proxy.WayAPIServer].Failed = 1
+	px.FlowsByWay[0][proxy.WayAPIServer], px.FlowsByWay[0][proxy.WayDirect], px.Fallbacks = 7, 3, 2
 	for i, b := range proxy.DialBuckets {
 		switch {
 		case b >= 0.001:
@@ -194,6 +195,10 @@ func TestMetricsExposition(t *testing.T) {
 		`userproxy_dial_duration_seconds_count{way="apiserver"} 2`,
 		`userproxy_dial_failures_total{way="direct"} 0`,
 		`userproxy_dial_failures_total{way="apiserver"} 1`,
+		`userproxy_flows_by_way_total{protocol="tcp",way="apiserver"} 7`,
+		`userproxy_flows_by_way_total{protocol="tcp",way="direct"} 3`,
+		`userproxy_flows_by_way_total{protocol="udp",way="direct"} 0`,
+		"userproxy_dial_fallbacks_total 2",
 		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.001"} 1`,
 		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="0.002"} 2`,
 		`kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="IPv4"} 0.0025`,

@@ -20,7 +20,9 @@ package proxy
 //     admission rejects a UDP flow with an ICMP port unreachable when every
 //     endpoint it could pick is reached through the API server only
 //     (udpNoWay); a flow that picks one such endpoint among others is
-//     refused without a reply. Both are counted.
+//     refused without a reply (the pick comes after admission). Both are
+//     counted. Under auto, UDP to an address not yet remembered goes
+//     direct, and a TCP probe of it tells the next flows.
 
 import (
 	"context"
@@ -130,14 +132,19 @@ func (p *Proxy) dialAuto(ctx context.Context, pk *pick) (net.Conn, Way, error) {
 		return c, WayDirect, err
 	}
 	dctx, cancel := context.WithTimeout(ctx, p.cfg.DirectAttempt)
-	c, err := p.dialWay(dctx, WayDirect, pk)
+	start := time.Now()
+	c, err := p.dialer(dctx, WayDirect, pk)
 	cancel()
 	if err == nil || !unanswered(err) || ctx.Err() != nil {
+		p.stats.observeDial(WayDirect, time.Since(start), err == nil)
 		if err == nil || errors.Is(err, syscall.ECONNREFUSED) {
 			p.ways.remember(pk.endpoint.Addr(), WayDirect, now, p.cfg.ViaMemory)
 		}
 		return c, WayDirect, err
 	}
+	// The address did not answer: an expected step of this policy, counted
+	// apart from the failures.
+	p.stats.fallbacks.Add(1)
 	c, err = p.dialWay(ctx, WayAPIServer, pk)
 	if err == nil {
 		p.ways.remember(pk.endpoint.Addr(), WayAPIServer, now, p.cfg.ViaMemory)
@@ -147,24 +154,30 @@ func (p *Proxy) dialAuto(ctx context.Context, pk *pick) (net.Conn, Way, error) {
 
 // dialWay dials pk's endpoint one way, timing and counting the dial.
 func (p *Proxy) dialWay(ctx context.Context, w Way, pk *pick) (net.Conn, error) {
+	if w == WayAPIServer && pk.pod.IsZero() {
+		return nil, ErrNoPod
+	}
 	start := time.Now()
-	var c net.Conn
-	var err error
+	c, err := p.dialer(ctx, w, pk)
+	p.stats.observeDial(w, time.Since(start), err == nil)
+	return c, err
+}
+
+// dialer dials pk's endpoint one way.
+func (p *Proxy) dialer(ctx context.Context, w Way, pk *pick) (net.Conn, error) {
 	switch {
 	case w == WayDirect:
-		c, err = p.cfg.Dialer.DialContext(ctx, "tcp", pk.endpoint.String())
+		return p.cfg.Dialer.DialContext(ctx, "tcp", pk.endpoint.String())
 	case pk.pod.IsZero():
 		return nil, ErrNoPod
 	case p.cfg.PodDialer == nil:
 		return nil, errNoPodDialer
-	default:
-		c, err = p.cfg.PodDialer.DialPod(ctx, pk.pod, pk.endpoint.Port())
-		if err != nil {
-			err = fmt.Errorf("through the API server to pod %s port %d: %w", pk.pod, pk.endpoint.Port(), err)
-		}
 	}
-	p.stats.observeDial(w, time.Since(start), err == nil)
-	return c, err
+	c, err := p.cfg.PodDialer.DialPod(ctx, pk.pod, pk.endpoint.Port())
+	if err != nil {
+		return nil, fmt.Errorf("through the API server to pod %s port %d: %w", pk.pod, pk.endpoint.Port(), err)
+	}
+	return c, nil
 }
 
 // unanswered reports whether a direct dial failed without an answer from
@@ -178,16 +191,50 @@ func unanswered(err error) bool {
 }
 
 // udpWay reports whether a UDP flow may go to endpoint: only directly
-// (step 4).
-func (p *Proxy) udpWay(endpoint netip.AddrPort) bool {
+// (step 4). Under auto, an address nothing is remembered for goes direct,
+// and if it has a Pod a TCP probe of its port finds out for the next flows
+// (probe).
+func (p *Proxy) udpWay(endpoint netip.AddrPort, pod service.PodRef) bool {
 	switch p.cfg.Via {
 	case ViaAPIServer:
 		return false
 	case ViaAuto:
 		w, ok := p.ways.recall(endpoint.Addr(), p.cfg.Clock.Now())
+		if !ok && !pod.IsZero() && p.cfg.PodDialer != nil {
+			p.probe(endpoint)
+		}
 		return !ok || w == WayDirect
 	}
 	return true
+}
+
+// probe learns whether the host reaches endpoint's address, for UDP flows,
+// which cannot tell: a TCP dial of the same port within DirectAttempt. An
+// answer, even a refusal (a RST: nothing listens on TCP there), means
+// direct; silence means the API server. One probe per address at a time,
+// on its own goroutine; Run waits for them.
+func (p *Proxy) probe(endpoint netip.AddrPort) {
+	if !p.ways.startProbe(endpoint.Addr()) {
+		return
+	}
+	p.probes.Add(1)
+	go func() { // UDP endpoint prober
+		defer p.probes.Done()
+		defer p.ways.endProbe(endpoint.Addr())
+		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.DirectAttempt)
+		c, err := p.cfg.Dialer.DialContext(ctx, "tcp", endpoint.String())
+		cancel()
+		now := p.cfg.Clock.Now()
+		switch {
+		case err == nil:
+			_ = c.Close()
+			p.ways.remember(endpoint.Addr(), WayDirect, now, p.cfg.ViaMemory)
+		case errors.Is(err, syscall.ECONNREFUSED):
+			p.ways.remember(endpoint.Addr(), WayDirect, now, p.cfg.ViaMemory)
+		case unanswered(err):
+			p.ways.remember(endpoint.Addr(), WayAPIServer, now, p.cfg.ViaMemory)
+		}
+	}()
 }
 
 // udpNoWay reports whether no endpoint of tg can take a UDP flow: the gate
@@ -198,7 +245,7 @@ func (p *Proxy) udpNoWay(tg *target) bool {
 	}
 	eps, _ := tg.endpoints()
 	for i := range eps {
-		if p.udpWay(eps[i].Addr) {
+		if p.udpWay(eps[i].Addr, eps[i].Pod) {
 			return false
 		}
 	}
@@ -214,8 +261,9 @@ const maxRemembered = 1 << 16
 // the host reaches an address does not depend on the port, so a UDP flow
 // learns from the TCP flows to the same pod.
 type wayMemory struct {
-	mu sync.Mutex
-	m  map[netip.Addr]remembered
+	mu      sync.RWMutex // read on every new UDP flow's admission
+	m       map[netip.Addr]remembered
+	probing map[netip.Addr]bool
 }
 
 type remembered struct {
@@ -223,19 +271,40 @@ type remembered struct {
 	until time.Time
 }
 
+// recall returns the way remembered for ep, if it has not expired
+// (expired entries are overwritten or swept by remember).
 func (wm *wayMemory) recall(ep netip.Addr, now time.Time) (Way, bool) {
-	wm.mu.Lock()
-	defer wm.mu.Unlock()
+	wm.mu.RLock()
 	r, ok := wm.m[ep]
-	if !ok {
-		return 0, false
-	}
-	if !now.Before(r.until) {
-		delete(wm.m, ep)
+	wm.mu.RUnlock()
+	if !ok || !now.Before(r.until) {
 		return 0, false
 	}
 	return r.way, true
 }
+
+// startProbe reports whether no probe of ep runs, and marks one running.
+func (wm *wayMemory) startProbe(ep netip.Addr) bool {
+	wm.mu.Lock()
+	defer wm.mu.Unlock()
+	if wm.probing[ep] || len(wm.probing) >= maxProbes {
+		return false
+	}
+	if wm.probing == nil {
+		wm.probing = map[netip.Addr]bool{}
+	}
+	wm.probing[ep] = true
+	return true
+}
+
+func (wm *wayMemory) endProbe(ep netip.Addr) {
+	wm.mu.Lock()
+	delete(wm.probing, ep)
+	wm.mu.Unlock()
+}
+
+// maxProbes bounds the probes running at once.
+const maxProbes = 256
 
 // remember records w for ep, from now for d.
 func (wm *wayMemory) remember(ep netip.Addr, w Way, now time.Time, d time.Duration) {
@@ -274,14 +343,14 @@ type RememberedWay struct {
 // endpoint.
 func (p *Proxy) RememberedWays() []RememberedWay {
 	now := p.cfg.Clock.Now()
-	p.ways.mu.Lock()
+	p.ways.mu.RLock()
 	out := make([]RememberedWay, 0, len(p.ways.m))
 	for ep, r := range p.ways.m {
 		if now.Before(r.until) {
 			out = append(out, RememberedWay{Endpoint: ep, Way: r.way, Left: r.until.Sub(now)})
 		}
 	}
-	p.ways.mu.Unlock()
+	p.ways.mu.RUnlock()
 	slices.SortFunc(out, func(a, b RememberedWay) int { return a.Endpoint.Compare(b.Endpoint) })
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"syscall"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +43,7 @@ type wayRig struct {
 
 	mu       sync.Mutex
 	routable map[netip.Addr]bool
+	refusing map[netip.Addr]bool // answer with a RST (ECONNREFUSED)
 	calls    []string // "direct 198.51.100.1:8080", "apiserver ns/web-a 8080"
 }
 
@@ -49,8 +51,11 @@ func (w *wayRig) DialContext(ctx context.Context, network, address string) (net.
 	ap := netip.MustParseAddrPort(address)
 	w.mu.Lock()
 	w.calls = append(w.calls, "direct "+address)
-	ok := w.routable[ap.Addr()]
+	ok, refuse := w.routable[ap.Addr()], w.refusing[ap.Addr()]
 	w.mu.Unlock()
+	if refuse {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
+	}
 	if !ok {
 		<-ctx.Done()
 		return nil, &net.OpError{Op: "dial", Net: network, Err: ctx.Err()}
@@ -85,7 +90,7 @@ func newWayRig(t *testing.T, cfg Config, pods map[string]string, routable ...str
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &wayRig{echo: ln.Addr().String(), clock: &wayClock{now: time.Unix(1e9, 0)}, routable: map[netip.Addr]bool{}}
+	w := &wayRig{echo: ln.Addr().String(), clock: &wayClock{now: time.Unix(1e9, 0)}, routable: map[netip.Addr]bool{}, refusing: map[netip.Addr]bool{}}
 	for _, a := range routable {
 		w.routable[netip.MustParseAddr(a)] = true
 	}
@@ -266,5 +271,81 @@ func TestParseDialVia(t *testing.T) {
 	}
 	if _, err := New(Config{Via: ViaAPIServer}); err == nil {
 		t.Error("New accepted apiserver without a PodDialer")
+	}
+}
+
+// TestDialViaAutoAnswers: under auto, a refused direct dial is an answer
+// (the address is routable: remembered as direct, no API server); an
+// unanswered first attempt is a fallback, not a dial failure; a remembered
+// direct address that stops answering is forgotten, so the next flow probes
+// again; and a UDP flow to an unknown address with a Pod goes direct while
+// a TCP probe of its port teaches the next ones.
+func TestDialViaAutoAnswers(t *testing.T) {
+	w := newWayRig(t, Config{Via: ViaAuto, ViaMemory: time.Minute, DialTimeout: 300 * time.Millisecond},
+		map[string]string{"198.51.100.3": "web-c"})
+	w.refusing[netip.MustParseAddr("198.51.100.3")] = true
+	if _, err := w.exchange(t); err == nil {
+		t.Fatal("a flow to a refusing endpoint was proxied")
+	}
+	if d := cmp.Diff([]string{"direct 198.51.100.3:8080"}, w.takeCalls()); d != "" {
+		t.Errorf("refused endpoint's dials (-want +got):\n%s", d)
+	}
+	if got := w.p.RememberedWays(); len(got) != 1 || got[0].Way != WayDirect {
+		t.Errorf("after a refusal, remembered %+v; want direct", got)
+	}
+
+	// Routable, remembered direct, then silent: forgotten, then the API
+	// server once probed again.
+	w2 := newWayRig(t, Config{Via: ViaAuto, ViaMemory: time.Minute, DialTimeout: 300 * time.Millisecond},
+		map[string]string{"198.51.100.4": "web-d"}, "198.51.100.4")
+	if via, err := w2.exchange(t); err != nil || via != "direct" {
+		t.Fatalf("via %q, %v", via, err)
+	}
+	w2.mu.Lock()
+	w2.routable = map[netip.Addr]bool{}
+	w2.mu.Unlock()
+	if _, err := w2.exchange(t); err == nil {
+		t.Fatal("a flow to a remembered direct endpoint that went silent was proxied")
+	}
+	if got := w2.p.RememberedWays(); len(got) != 0 {
+		t.Errorf("a silent direct endpoint still remembered: %+v", got)
+	}
+	if via, err := w2.exchange(t); err != nil || via != "apiserver" {
+		t.Fatalf("next flow via %q, %v; want apiserver", via, err)
+	}
+	want := []string{"direct 198.51.100.4:8080", "direct 198.51.100.4:8080", "direct 198.51.100.4:8080", "apiserver ns/web-d 8080"}
+	if d := cmp.Diff(want, w2.takeCalls()); d != "" {
+		t.Errorf("dials (-want +got):\n%s", d)
+	}
+	s := w2.p.Stats()
+	if s.Fallbacks != 1 || s.Dials[WayDirect].Failed != 1 || s.FlowsByWay[0][WayDirect] != 1 || s.FlowsByWay[0][WayAPIServer] != 1 {
+		t.Errorf("fallbacks %d, direct failures %d, flows by way %v; want 1, 1 (the remembered one), [1 1]",
+			s.Fallbacks, s.Dials[WayDirect].Failed, s.FlowsByWay[0])
+	}
+
+	// UDP to an address not yet known: admitted (direct), and probed.
+	w3 := newWayRig(t, Config{Via: ViaAuto, ViaMemory: time.Minute}, map[string]string{"198.51.100.5": "web-e"})
+	udp := conntrack.MakeTuple(conntrack.UDP, netip.MustParseAddrPort("10.0.0.9:4000"), netip.MustParseAddrPort("10.96.0.2:53"))
+	if got := w3.p.Admit(udp); got != netstack.Accept {
+		t.Fatalf("UDP to an unknown address: %v, want Accept (direct)", got)
+	}
+	waitUntil(t, "the probe to remember the API server", func() bool {
+		r := w3.p.RememberedWays()
+		return len(r) == 1 && r[0].Way == WayAPIServer
+	})
+	if d := cmp.Diff([]string{"direct 198.51.100.5:5353"}, w3.takeCalls()); d != "" {
+		t.Errorf("probe (-want +got):\n%s", d)
+	}
+	if got := w3.p.Admit(udp); got != netstack.Reject {
+		t.Errorf("UDP after the probe: %v, want Reject", got)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for start := time.Now(); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("timed out waiting for %s", what)
+		}
 	}
 }

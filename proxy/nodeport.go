@@ -247,6 +247,7 @@ func (n *NodePorts) handleTCP(c net.Conn, fam service.Family, port uint16) {
 	}
 	done()
 	p.stats.count(conntrack.TCP, ResultProxied)
+	p.stats.countWay(conntrack.TCP, way)
 	s := &splice{client: c, backend: backend, proxy: p, resetClient: func() { resetTCP(c) }}
 	s.touch = func() { p.ct.Touch(tuple, conntrack.Original) }
 	f := newFlow(tuple, true, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: pk.port.Name.String()}, func(bool) { s.abort() })
@@ -390,7 +391,7 @@ func (u *npUDP) start(client netip.AddrPort) *npSession {
 		p.udpSessions.Add(-1)
 		return nil
 	}
-	if !p.udpWay(pk.endpoint) { // only the API server reaches it: no way for UDP (dialvia.go)
+	if !p.udpWay(pk.endpoint, pk.pod) { // only the API server reaches it: no way for UDP (dialvia.go)
 		pk.release()
 		p.ct.DeleteFlow(tuple, nil)
 		p.udpSessions.Add(-1)
@@ -406,6 +407,7 @@ func (u *npUDP) start(client netip.AddrPort) *npSession {
 		return nil
 	}
 	p.stats.count(conntrack.UDP, ResultProxied)
+	p.stats.countWay(conntrack.UDP, WayDirect)
 	s := &npSession{u: u, client: client, tuple: tuple, backend: backend}
 	if pk.pp != ProxyProtocolNone {
 		s.prefix, _ = AppendProxyHeader(nil, pk.pp, service.UDP, client, local)

@@ -114,7 +114,8 @@ type Proxy struct {
 
 	udpSessions atomic.Int64
 	stats       counters
-	ways        wayMemory // ViaAuto's (dialvia.go)
+	ways        wayMemory      // ViaAuto's (dialvia.go)
+	probes      sync.WaitGroup // ViaAuto's UDP probes (dialvia.go)
 	// locals maps the addresses of local servers to their handlers
 	// (copy-on-write; see SetLocal).
 	locals  atomic.Pointer[map[netip.AddrPort]LocalHandler]

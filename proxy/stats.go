@@ -48,7 +48,12 @@ type counters struct {
 	affinityHits atomic.Uint64
 	bytes        [2]atomic.Uint64 // [client->endpoint, endpoint->client]
 	dials        [NumWays]dialCounters
+	ways         [2][NumWays]atomic.Uint64 // proxied flows [tcp, udp] per way
+	fallbacks    atomic.Uint64             // ViaAuto's direct attempts that went unanswered
 }
+
+// countWay counts a proxied flow of protocol pr that went way w.
+func (c *counters) countWay(pr conntrack.Protocol, w Way) { c.ways[protoIndex(pr)][w].Add(1) }
 
 // dialCounters count the dials of one Way.
 type dialCounters struct {
@@ -95,6 +100,13 @@ type Stats struct {
 	// Dials per Way (direct, apiserver): the duration histogram and the
 	// failures.
 	Dials [NumWays]DialStats
+	// FlowsByWay[protocol][way] counts the proxied flows by the way they
+	// went (protocol index as in Flows).
+	FlowsByWay [2][NumWays]uint64
+	// Fallbacks counts --dial-via auto's first direct dials that went
+	// unanswered, after which the flow went through the API server; they
+	// are not dial failures.
+	Fallbacks uint64
 	// Flows live now, and UDP sessions among them.
 	LiveFlows, UDPSessions int
 }
@@ -127,6 +139,12 @@ func (p *Proxy) Stats() Stats {
 			ds.Buckets[i] = dc.buckets[i].Load()
 		}
 	}
+	for i := range c.ways {
+		for w := range c.ways[i] {
+			s.FlowsByWay[i][w] = c.ways[i][w].Load()
+		}
+	}
+	s.Fallbacks = c.fallbacks.Load()
 	s.LiveFlows = p.Flows()
 	s.UDPSessions = int(p.udpSessions.Load())
 	return s

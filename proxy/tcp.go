@@ -64,6 +64,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 		return
 	}
 	p.stats.count(conntrack.TCP, ResultProxied)
+	p.stats.countWay(conntrack.TCP, way)
 
 	s := &splice{client: client, backend: backend, proxy: p, resetClient: func() { _ = client.Abort() }}
 	f := newFlow(tuple, true, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, func(bool) { s.abort() }) // 4

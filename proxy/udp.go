@@ -82,7 +82,7 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		return
 	}
 	endpoint := pk.endpoint
-	if !p.udpWay(endpoint) { // only the API server reaches it: no way for UDP (dialvia.go)
+	if !p.udpWay(endpoint, pk.pod) { // only the API server reaches it: no way for UDP (dialvia.go)
 		pk.release()
 		p.udpSessions.Add(-1)
 		p.stats.count(conntrack.UDP, ResultNoWay)
@@ -99,6 +99,7 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		return
 	}
 	p.stats.count(conntrack.UDP, ResultProxied)
+	p.stats.countWay(conntrack.UDP, WayDirect)
 
 	u := &udpFlow{p: p, r: r, backend: backend}
 	u.flow = newFlow(tuple, false, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, u.finish)

@@ -8,6 +8,12 @@
 // retrying, delivers nothing (so the last table keeps serving), and logs the
 // outage once when it starts and once when it ends.
 //
+// It also owns the way to pods the host cannot route to: PortForwarder
+// (portforward.go) carries TCP flows through the API server's
+// pods/portforward with client-go's port-forward dialers, one tunnel per
+// pod, for proxy's --dial-via apiserver|auto (it is a proxy.PodDialer,
+// without importing proxy).
+//
 // Callers: cmd (`userproxy run --kubeconfig PATH`, or in cluster), with a
 // client from NewClient; tests pass client-go's fake clientset.
 //

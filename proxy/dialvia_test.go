@@ -5,8 +5,8 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"syscall"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -44,7 +44,7 @@ type wayRig struct {
 	mu       sync.Mutex
 	routable map[netip.Addr]bool
 	refusing map[netip.Addr]bool // answer with a RST (ECONNREFUSED)
-	calls    []string // "direct 198.51.100.1:8080", "apiserver ns/web-a 8080"
+	calls    []string            // "direct 198.51.100.1:8080", "apiserver ns/web-a 8080"
 }
 
 func (w *wayRig) DialContext(ctx context.Context, network, address string) (net.Conn, error) {

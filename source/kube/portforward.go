@@ -95,9 +95,14 @@ type PortForwarder struct {
 	done chan struct{} // closed by Close
 
 	mu      sync.Mutex
-	tunnels map[service.PodRef]*tunnel
+	tunnels map[service.PodRef]*tunnel // the tunnels new flows take
+	live    map[*tunnel]struct{}       // every open tunnel, retired ones too
 	closed  bool
 	wg      sync.WaitGroup // openTunnel, the watchers, the flows' pumps and closers
+	// openers are the goroutines creating stream pairs: the SPDY library
+	// waits up to 30 s for a pair's reply and cannot be told to stop, so
+	// Close does not wait for them (tests do, with waitOpeners).
+	openers sync.WaitGroup
 
 	stats struct {
 		opens, openFailures, broken, idleClosed atomic.Uint64
@@ -145,7 +150,7 @@ func NewPortForwarder(cfg PortForwardConfig) (*PortForwarder, error) {
 		return nil, fmt.Errorf("kube: port-forward client: %w", err)
 	}
 	f := &PortForwarder{cfg: cfg, pods: cs.CoreV1().RESTClient(), logger: cfg.Logger,
-		tunnels: map[service.PodRef]*tunnel{}, done: make(chan struct{})}
+		tunnels: map[service.PodRef]*tunnel{}, live: map[*tunnel]struct{}{}, done: make(chan struct{})}
 	f.open = f.upgrade
 	return f, nil
 }
@@ -308,6 +313,7 @@ func (f *PortForwarder) openTunnel(t *tunnel) {
 		return
 	}
 	t.conn = r.conn
+	f.live[t] = struct{}{}
 	if t.streams == 0 { // every dial waiting for it gave up
 		f.armIdle(t)
 	}
@@ -322,15 +328,22 @@ func (f *PortForwarder) openTunnel(t *tunnel) {
 // watch takes t out of the table when its connection closes (step 4).
 func (f *PortForwarder) watch(t *tunnel) {
 	defer f.wg.Done()
-	<-t.conn.CloseChan()
+	// When we close it, the SPDY library reports the close only once its
+	// streams are done, a pair still waiting for its reply included (up to
+	// 30 s): closing is not waited for.
+	select {
+	case <-t.conn.CloseChan():
+	case <-t.closing:
+	}
+	f.mu.Lock()
+	delete(f.live, t)
+	f.forget(t)
+	f.mu.Unlock()
 	select {
 	case <-t.closing: // we closed it
 		return
 	default:
 	}
-	f.mu.Lock()
-	f.forget(t)
-	f.mu.Unlock()
 	f.stats.broken.Add(1)
 	f.logger.Info("tunnel to a pod through the API server broke", zap.Stringer("pod", t.pod))
 }
@@ -415,9 +428,9 @@ func (f *PortForwarder) openStreams(ctx context.Context, t *tunnel, port uint16)
 		err error
 	}
 	res := make(chan result, 1)
-	f.wg.Add(1)
+	f.openers.Add(1)
 	go func() { // stream opener
-		defer f.wg.Done()
+		defer f.openers.Done()
 		c, err := f.createPair(t, port)
 		res <- result{c, err}
 	}()
@@ -434,9 +447,9 @@ func (f *PortForwarder) openStreams(ctx context.Context, t *tunnel, port uint16)
 		return r.c, nil
 	case <-ctx.Done():
 		f.stats.streamFailures.Add(1)
-		f.wg.Add(1)
+		f.openers.Add(1)
 		go func() { // late stream pair freer
-			defer f.wg.Done()
+			defer f.openers.Done()
 			if r := <-res; r.c != nil {
 				r.c.free()
 			}
@@ -710,7 +723,8 @@ func (f *PortForwarder) Tunnels() map[string]int {
 }
 
 // Close closes every tunnel (their flows fail), stops the openings and
-// waits for the goroutines; later dials fail with ErrClosed.
+// waits for the goroutines but the stream pairs' openers (see openers);
+// later dials fail with ErrClosed.
 func (f *PortForwarder) Close() {
 	f.mu.Lock()
 	if f.closed {
@@ -722,16 +736,17 @@ func (f *PortForwarder) Close() {
 	close(f.done)
 	var ts []*tunnel
 	for _, t := range f.tunnels {
+		f.forget(t) // a tunnel still opening: openTunnel sees done
+	}
+	for t := range f.live {
 		ts = append(ts, t)
-		f.forget(t)
 	}
 	f.mu.Unlock()
 	for _, t := range ts {
-		select {
-		case <-t.ready:
-			t.closeConn()
-		default: // still opening: openTunnel sees done
-		}
+		t.closeConn()
 	}
 	f.wg.Wait()
 }
+
+// waitOpeners waits for the goroutines creating stream pairs (tests).
+func (f *PortForwarder) waitOpeners() { f.openers.Wait() }

@@ -113,7 +113,7 @@ func (k *fakeKubelet) forwarder(cfg PortForwardConfig) *PortForwarder {
 		}
 		return spdy.NewClientConnection(c)
 	}
-	k.t.Cleanup(f.Close)
+	k.t.Cleanup(func() { f.Close(); f.waitOpeners() })
 	return f
 }
 
@@ -274,4 +274,27 @@ func TestCloseStopsOpenings(t *testing.T) {
 		t.Errorf("a dial after Close: %v, want ErrClosed", err)
 	}
 	time.Sleep(1200 * time.Millisecond) // the abandoned opening ends (goleak)
+}
+
+// TestCloseDoesNotWaitForStreamReplies: a stream pair whose reply never
+// comes in time (a tunnel whose kubelet died) holds no one up: the dial
+// fails at its deadline and Close returns at once, though the SPDY library
+// still waits for the reply.
+func TestCloseDoesNotWaitForStreamReplies(t *testing.T) {
+	k := newFakeKubelet(t)
+	f := k.forwarder(PortForwardConfig{})
+	c, err := dialWithin(f, portEcho, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	k.delay.Store(int64(time.Second))
+	if _, err := dialWithin(f, portEcho, 200*time.Millisecond); err == nil {
+		t.Fatal("a dial shorter than the reply succeeded")
+	}
+	start := time.Now()
+	f.Close()
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Errorf("Close waited %v for a stream reply", took)
+	}
 }

@@ -167,6 +167,9 @@ func TestPortForwarderThroughAPIServer(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("idle tunnels closed %v after the last flow (Idle 500 ms)", time.Since(start).Round(time.Millisecond))
+	if s := pf.Stats(); s.StreamsOpen != 0 || s.Streams != 103 {
+		t.Errorf("with every flow closed: %+v; want 0 streams open of 103", s)
+	}
 
 	// The kubelet dies under an open flow: the flow fails with an error.
 	conn, r, err = dial("pod-a", port)

@@ -20,13 +20,13 @@ import (
 	"github.com/userproxy/userproxy/source/kube"
 )
 
-// TestLaptopRBAC applies examples/kubernetes/laptop.yaml's roles, bound to a
+// TestRBACLaptop applies examples/kubernetes/laptop.yaml's roles, bound to a
 // ServiceAccount in place of the file's user: its copy of the read role is
 // the DaemonSet's, and with userproxy-portforward the PortForwarder reaches
 // a pod through the real API server and the fake kubelet; each verb of
 // userproxy-portforward is needed (without it the dial ends in Forbidden),
 // and the DaemonSet's role alone cannot port-forward.
-func TestLaptopRBAC(t *testing.T) {
+func TestRBACLaptop(t *testing.T) {
 	c, cs := startCluster(t)
 	ctx := ctxT(t)
 	var read, pf *rbacv1.ClusterRole

@@ -12,6 +12,7 @@ import (
 type path struct {
 	name            string
 	ns              string
+	pod             string // the namespace of its pod-like client; "" for none
 	tcp, udp, iperf string // targets
 	pid             int    // the process doing the work (userproxy, a peer); 0: the kernel alone
 	ours            bool   // a userproxy row: ratios to the best peer too, profiles
@@ -39,10 +40,10 @@ const kernelPath = 1
 func (h *harness) paths() []path {
 	ps := []path{
 		{name: "veth, no NAT (direct)", ns: h.topo.k, tcp: endpointAddr(0) + ":8080", udp: endpointAddr(0) + ":5353", iperf: endpointAddr(0) + ":5201"},
-		{name: "kernel iptables (kube-proxy rules)", ns: h.topo.k, tcp: tcpService, udp: udpService, iperf: iperfService},
+		{name: "kernel iptables (kube-proxy rules)", ns: h.topo.k, pod: h.topo.pods[h.topo.k], tcp: tcpService, udp: udpService, iperf: iperfService},
 	}
 	for _, pr := range h.peers {
-		p := path{name: pr.name, ns: pr.ns, tcp: tcpService, udp: udpService, iperf: iperfService, peer: true, why: pr.why}
+		p := path{name: pr.name, ns: pr.ns, pod: h.topo.pods[pr.ns], tcp: tcpService, udp: udpService, iperf: iperfService, peer: true, why: pr.why}
 		if pr.why == "" {
 			p.pid = pr.proc.cmd.Process.Pid
 		}
@@ -50,7 +51,7 @@ func (h *harness) paths() []path {
 	}
 	pid := h.proxy.cmd.Process.Pid
 	return append(ps,
-		path{name: "userproxy (TUN)", ns: h.topo.u, tcp: tcpService, udp: udpService, iperf: iperfService, pid: pid, ours: true},
+		path{name: "userproxy (TUN)", ns: h.topo.u, pod: h.topo.pods[h.topo.u], tcp: tcpService, udp: udpService, iperf: iperfService, pid: pid, ours: true},
 		path{name: "userproxy (NodePort on 127.0.0.1)", ns: h.topo.u, tcp: fmt.Sprintf("127.0.0.1:%d", nodePortTCP),
 			udp: fmt.Sprintf("127.0.0.1:%d", nodePortUDP), iperf: fmt.Sprintf("127.0.0.1:%d", nodePortIperf), pid: pid, ours: true})
 }
@@ -82,6 +83,8 @@ func (h *harness) allCells() []cell {
 		}},
 		{"TCP 1 stream up", "Gbit/s", func(h *harness, p path) (sample, error) { return h.iperf3(p, false) }},
 		{"TCP 1 stream down", "Gbit/s", func(h *harness, p path) (sample, error) { return h.iperf3(p, true) }},
+		{"pod-like client (MTU 1500): TCP 1 stream up", "Gbit/s", func(h *harness, p path) (sample, error) { return h.podIperf3(p, false) }},
+		{"pod-like client (MTU 1500): TCP 1 stream down", "Gbit/s", func(h *harness, p path) (sample, error) { return h.podIperf3(p, true) }},
 		{"TCP conn/s (64 workers)", "conn/s", func(h *harness, p path) (sample, error) {
 			r, err := h.load(p.ns, limit, "-mode", "conn", "-target", p.tcp, "-workers", "64", "-duration", d.String())
 			return sample{value: r.Rate, errors: r.Errors, ops: float64(r.Ops)}, err
@@ -95,6 +98,16 @@ func (h *harness) allCells() []cell {
 			return sample{value: r.Rate, errors: r.Errors, ops: float64(r.Ops)}, err
 		}},
 	}
+}
+
+// podIperf3 is iperf3 from p's pod-like client, forwarded into p by its
+// namespace; a path without one gets no figure.
+func (h *harness) podIperf3(p path, down bool) (sample, error) {
+	if p.pod == "" {
+		return sample{}, nil
+	}
+	p.ns = p.pod
+	return h.iperf3(p, down)
 }
 
 // iperf3 runs one iperf3 stream over p: client to endpoint (up), or with

@@ -16,6 +16,10 @@ import (
 //	P (the peers' host side)  203.0.113.1/26 --veth-- 203.0.113.62/26 /
 //	PC (pasta's client): pasta's tap, pasta runs in P
 //	TC (tun2socks' client): a TUN whose file descriptor tun2socks, in P, holds
+//	KP, UP, PCP, TCP (pod-like clients): each behind K, U, PC or TC over a
+//	  veth of MTU 1500, 198.18.N.2/24 via 198.18.N.1; the parent forwards
+//	  their packets into its path (kernel rules, userproxy's TUN, pasta's
+//	  tap, tun2socks' TUN) as a node forwards its pods' packets
 //
 // K routes the service CIDR and the endpoints to B; its iptables nat table
 // holds what `userproxy rules` prints. U routes the endpoints to B, and
@@ -43,7 +47,23 @@ const (
 type topology struct {
 	b, k, u   string // namespace names
 	p, pc, tc string
+	pods      map[string]string // parent namespace -> its pod-like client's namespace
 }
+
+// podParents are the namespaces with a pod-like client, with the N of its
+// 198.18.N.0/24.
+func (t *topology) podParents() []struct {
+	ns string
+	n  int
+} {
+	return []struct {
+		ns string
+		n  int
+	}{{t.k, 1}, {t.u, 2}, {t.pc, 3}, {t.tc, 4}}
+}
+
+// podMTU is the pod-like clients' veth MTU: a pod's usual, MSS 1460.
+const podMTU = 1500
 
 // ipCmd runs `ip args...` and returns its error with the output.
 func ipCmd(args ...string) error {
@@ -73,7 +93,10 @@ func inNS(ns string, timeout time.Duration, name string, args ...string) ([]byte
 
 func newTopology() (*topology, error) {
 	p := fmt.Sprintf("upbench-%d-", os.Getpid())
-	t := &topology{b: p + "b", k: p + "k", u: p + "u", p: p + "p", pc: p + "pc", tc: p + "tc"}
+	t := &topology{b: p + "b", k: p + "k", u: p + "u", p: p + "p", pc: p + "pc", tc: p + "tc", pods: map[string]string{}}
+	for _, pp := range t.podParents() {
+		t.pods[pp.ns] = pp.ns + "-pod"
+	}
 	var steps [][]string
 	for _, ns := range t.all() {
 		steps = append(steps, []string{"netns", "add", ns}, []string{"-n", ns, "link", "set", "lo", "up"})
@@ -102,6 +125,17 @@ func newTopology() (*topology, error) {
 	for i := range endpoints {
 		steps = append(steps, []string{"-n", t.b, "addr", "add", endpointAddr(i) + "/32", "dev", "lo"})
 	}
+	for _, pp := range t.podParents() {
+		pod, gw, addr := t.pods[pp.ns], fmt.Sprintf("198.18.%d.1", pp.n), fmt.Sprintf("198.18.%d.2", pp.n)
+		steps = append(steps,
+			[]string{"-n", pp.ns, "link", "add", "pp0", "mtu", fmt.Sprint(podMTU), "type", "veth", "peer", "name", "pe0", "netns", pod},
+			[]string{"-n", pp.ns, "addr", "add", gw + "/24", "dev", "pp0"}, []string{"-n", pod, "addr", "add", addr + "/24", "dev", "pe0"},
+			[]string{"-n", pp.ns, "link", "set", "pp0", "up"}, []string{"-n", pod, "link", "set", "pe0", "mtu", fmt.Sprint(podMTU), "up"},
+			[]string{"-n", pod, "route", "add", "default", "via", gw})
+	}
+	// The kernel path does not rewrite the pod's address: the endpoints
+	// answer it through K, as a node's pods are answered.
+	steps = append(steps, []string{"-n", t.b, "route", "add", "198.18.1.0/24", "via", strings.Split(kAddr, "/")[0]})
 	for _, s := range steps {
 		if err := ipCmd(s...); err != nil {
 			t.remove()
@@ -116,11 +150,23 @@ func newTopology() (*topology, error) {
 			return nil, err
 		}
 	}
+	for _, pp := range t.podParents() {
+		if _, err := inNS(pp.ns, 10*time.Second, "sysctl", "-qw", "net.ipv4.ip_forward=1"); err != nil {
+			t.remove()
+			return nil, err
+		}
+	}
 	return t, nil
 }
 
-// all lists the namespaces, B last.
-func (t *topology) all() []string { return []string{t.k, t.u, t.p, t.pc, t.tc, t.b} }
+// all lists the namespaces, the pod-like clients first, B last.
+func (t *topology) all() []string {
+	var all []string
+	for _, pp := range t.podParents() {
+		all = append(all, t.pods[pp.ns])
+	}
+	return append(all, t.k, t.u, t.p, t.pc, t.tc, t.b)
+}
 
 // remove deletes the namespaces (their veths and TUNs go with them).
 func (t *topology) remove() {

@@ -34,6 +34,12 @@ type cell struct {
 	run        func(h *harness, p path) (sample, error)
 }
 
+// podCell starts the names of the cells run from a path's pod-like client:
+// they are not run on paths without one.
+const podCell = "pod-like client (MTU 1500): "
+
+func (c cell) fromPod() bool { return strings.HasPrefix(c.name, podCell) }
+
 // kernelPath is the index of the kernel row in paths(), the ratios' base.
 const kernelPath = 1
 
@@ -83,8 +89,8 @@ func (h *harness) allCells() []cell {
 		}},
 		{"TCP 1 stream up", "Gbit/s", func(h *harness, p path) (sample, error) { return h.iperf3(p, false) }},
 		{"TCP 1 stream down", "Gbit/s", func(h *harness, p path) (sample, error) { return h.iperf3(p, true) }},
-		{"pod-like client (MTU 1500): TCP 1 stream up", "Gbit/s", func(h *harness, p path) (sample, error) { return h.podIperf3(p, false) }},
-		{"pod-like client (MTU 1500): TCP 1 stream down", "Gbit/s", func(h *harness, p path) (sample, error) { return h.podIperf3(p, true) }},
+		{podCell + "TCP 1 stream up", "Gbit/s", func(h *harness, p path) (sample, error) { return h.podIperf3(p, false) }},
+		{podCell + "TCP 1 stream down", "Gbit/s", func(h *harness, p path) (sample, error) { return h.podIperf3(p, true) }},
 		{"TCP conn/s (64 workers)", "conn/s", func(h *harness, p path) (sample, error) {
 			r, err := h.load(p.ns, limit, "-mode", "conn", "-target", p.tcp, "-workers", "64", "-duration", d.String())
 			return sample{value: r.Rate, errors: r.Errors, ops: float64(r.Ops)}, err
@@ -101,11 +107,8 @@ func (h *harness) allCells() []cell {
 }
 
 // podIperf3 is iperf3 from p's pod-like client, forwarded into p by its
-// namespace; a path without one gets no figure.
+// namespace.
 func (h *harness) podIperf3(p path, down bool) (sample, error) {
-	if p.pod == "" {
-		return sample{}, nil
-	}
 	p.ns = p.pod
 	return h.iperf3(p, down)
 }
@@ -175,6 +178,9 @@ func (h *harness) datapath() error {
 // runCell runs one cell over one path, with the CPU and peak RSS of the
 // path's process.
 func (h *harness) runCell(cl cell, p path, rep int) (sample, error) {
+	if cl.fromPod() && p.pod == "" {
+		return sample{}, nil // no figure ("–")
+	}
 	if p.pid != 0 {
 		_ = resetPeak(p.pid)
 	}

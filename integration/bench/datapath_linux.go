@@ -231,6 +231,10 @@ func (h *harness) printDatapath(paths []path, cells []cell, samples [][][]sample
 		fmt.Fprintf(h.o.out, "| %s: CPU per cell (per operation) / peak RSS |", p.name)
 		for c, cl := range cells {
 			ss := samples[c][pi]
+			if cl.fromPod() && p.pod == "" {
+				fmt.Fprintf(h.o.out, " – |")
+				continue
+			}
 			cpu, per := make([]float64, len(ss)), make([]float64, len(ss))
 			var hwm int64
 			for i, s := range ss {

@@ -362,6 +362,7 @@ func (p *Proxy) Run(ctx context.Context) {
 	go func() { defer wg.Done(); p.estimate(ctx) }()
 	p.reap(ctx, p.cfg.SweepInterval)
 	wg.Wait()
+	p.probes.Wait() // ViaAuto's UDP probes: each ends within DirectAttempt
 }
 
 // tickClock advances the conntrack clock every 10 ms until ctx is done.

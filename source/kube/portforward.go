@@ -16,13 +16,16 @@ package kube
 //     first try on a tunnel is short (streamAttempt): a tunnel that does not
 //     answer is retired (no new flows; its flows go on) and a new one opened.
 //  3. The flow's connection (podConn): a pump goroutine reads the data
-//     stream into a bounded buffer, so that a client that stops reading
-//     cannot stall the tunnel's other flows (the SPDY library hands frames
-//     to streams one at a time); a flow whose buffer stays full for
-//     StallLimit is reset. At the data stream's end the pump looks at the
-//     error stream: a message there (the kubelet could not reach the port)
-//     or a tunnel that broke is a read error, so the proxy resets the
-//     client rather than ending its flow cleanly.
+//     stream into a bounded buffer (2 MiB). The SPDY library has no
+//     per-stream flow control and hands each stream its frames in turn, so
+//     a client that reads more slowly than its pod sends holds up the
+//     tunnel's other flows once its buffer is full, as with kubectl
+//     port-forward; one that reads nothing for StallLimit is reset, and the
+//     others go on. At the data stream's end the pump looks at the error
+//     stream: a message there (the kubelet could not reach the port) or a
+//     tunnel that broke is a read error, so the proxy resets the client
+//     rather than ending its flow cleanly; a flow that failed fails its
+//     writes too.
 //  4. A tunnel with no flows left is closed after Idle; a tunnel that
 //     breaks (the API server, the kubelet, the network) leaves the table at
 //     once, and its flows fail as in step 3; the next dial opens a new one.
@@ -100,8 +103,9 @@ type PortForwarder struct {
 	closed  bool
 	wg      sync.WaitGroup // openTunnel, the watchers, the flows' pumps and closers
 	// openers are the goroutines creating stream pairs: the SPDY library
-	// waits up to 30 s for a pair's reply and cannot be told to stop, so
-	// Close does not wait for them (tests do, with waitOpeners).
+	// waits up to 30 s for each stream's reply (60 s for a pair) and cannot
+	// be told to stop, so Close does not wait for them (tests do, with
+	// waitOpeners).
 	openers sync.WaitGroup
 
 	stats struct {
@@ -184,6 +188,10 @@ type tunnel struct {
 	conn     httpstream.Connection
 	err      error     // of the opening
 	failedAt time.Time // when the opening failed
+	// openerDone closes when client-go's dial returned, even after an
+	// opening that was given up: until then the pod gets no new opening,
+	// so that a hung API server cannot pile them up.
+	openerDone chan struct{}
 
 	closing   chan struct{} // closed just before we close conn ourselves
 	closeOnce sync.Once
@@ -230,12 +238,12 @@ func (f *PortForwarder) tunnelFor(ctx context.Context, pod service.PodRef) (*tun
 		return nil, ErrClosed
 	}
 	t := f.tunnels[pod]
-	if t != nil && t.err != nil && time.Since(t.failedAt) >= failHold {
+	if t != nil && f.stale(t) {
 		delete(f.tunnels, pod) // the failure is old: try again
 		t = nil
 	}
 	if t == nil {
-		t = &tunnel{pod: pod, ready: make(chan struct{}), closing: make(chan struct{})}
+		t = &tunnel{pod: pod, ready: make(chan struct{}), closing: make(chan struct{}), openerDone: make(chan struct{})}
 		f.tunnels[pod] = t
 		f.wg.Add(1)
 		go f.openTunnel(t)
@@ -263,6 +271,30 @@ func (f *PortForwarder) tunnelFor(ctx context.Context, pod service.PodRef) (*tun
 	return t, nil
 }
 
+// stale reports whether t is a failed opening that new dials may replace,
+// under f.mu: held for failHold, and until its opener returned.
+func (f *PortForwarder) stale(t *tunnel) bool {
+	if t.err == nil || time.Since(t.failedAt) < failHold {
+		return false
+	}
+	select {
+	case <-t.openerDone:
+		return true
+	default:
+		return false
+	}
+}
+
+// dropStale takes t out of the table once it is stale, so that failed
+// pods do not stay in it.
+func (f *PortForwarder) dropStale(t *tunnel) {
+	f.mu.Lock()
+	if f.tunnels[t.pod] == t && f.stale(t) {
+		delete(f.tunnels, t.pod)
+	}
+	f.mu.Unlock()
+}
+
 // openTunnel opens t (step 1), bounded by OpenTimeout and by Close. A
 // connection that arrives after the wait ended is closed; the goroutine
 // inside client-go's dialer that it waits for is not ours to stop.
@@ -275,6 +307,7 @@ func (f *PortForwarder) openTunnel(t *tunnel) {
 	res := make(chan result, 1)
 	go func() { // tunnel opener: client-go's dial, which takes no context
 		c, err := f.open(t.pod)
+		close(t.openerDone)
 		res <- result{c, err}
 	}()
 	abandon := func() {
@@ -282,6 +315,7 @@ func (f *PortForwarder) openTunnel(t *tunnel) {
 			if late := <-res; late.conn != nil {
 				_ = late.conn.Close()
 			}
+			time.AfterFunc(failHold, func() { f.dropStale(t) })
 		}()
 	}
 	timer := time.NewTimer(f.cfg.OpenTimeout)
@@ -309,6 +343,7 @@ func (f *PortForwarder) openTunnel(t *tunnel) {
 		if !errors.Is(r.err, ErrClosed) {
 			f.stats.openFailures.Add(1)
 			f.logger.Warn("tunnel to a pod through the API server failed", zap.Stringer("pod", t.pod), zap.Error(r.err))
+			time.AfterFunc(failHold, func() { f.dropStale(t) })
 		}
 		return
 	}
@@ -360,12 +395,15 @@ func (f *PortForwarder) forget(t *tunnel) {
 	}
 }
 
-// closeConn closes t's connection; its flows see a broken tunnel.
+// closeConn closes t's connection; its flows see a broken tunnel. The SPDY
+// library closes the socket only once its streams are gone, a stream whose
+// reply never came included; the idle timeout resets those and closes it.
 func (t *tunnel) closeConn() {
 	t.closeOnce.Do(func() {
 		close(t.closing)
 		if t.conn != nil {
 			_ = t.conn.Close()
+			t.conn.SetIdleTimeout(time.Second)
 		}
 	})
 }
@@ -441,6 +479,15 @@ func (f *PortForwarder) openStreams(ctx context.Context, t *tunnel, port uint16)
 			f.release(t)
 			return nil, r.err
 		}
+		f.mu.Lock()
+		if f.closed { // Close ran meanwhile: no goroutines after its Wait
+			f.mu.Unlock()
+			r.c.free()
+			f.release(t)
+			return nil, ErrClosed
+		}
+		f.wg.Add(2) // start's
+		f.mu.Unlock()
 		f.stats.streams.Add(1)
 		f.stats.streamsOpen.Add(1)
 		r.c.start()
@@ -501,15 +548,15 @@ type podConn struct {
 	pending []byte        // what Read has left of the last chunk
 	closed  chan struct{} // closed by Close
 
-	halfClosed atomic.Bool // CloseWrite was called
-	clean      atomic.Bool // the data stream ended without an error
+	failed     atomic.Pointer[error] // the flow's error, once it failed: Write returns it
+	halfClosed atomic.Bool           // CloseWrite was called
+	clean      atomic.Bool           // the data stream ended without an error
 	once       sync.Once
 }
 
 // start runs the flow's goroutines: the error stream's reader and the
-// pump.
+// pump (the caller has added them to f.wg).
 func (c *podConn) start() {
-	c.f.wg.Add(2)
 	go func() { // error stream reader
 		defer c.f.wg.Done()
 		msg, err := io.ReadAll(c.errStream)
@@ -525,51 +572,65 @@ func (c *podConn) pump() { // pump: data stream -> the flow's buffer
 	for {
 		b := make([]byte, chunkSize)
 		n, err := c.data.Read(b)
-		if n > 0 && !c.put(b[:n]) {
-			return
+		if n > 0 {
+			if perr := c.put(b[:n]); perr != nil {
+				c.fail(perr)
+				return
+			}
 		}
 		switch {
 		case err == nil:
 			continue
 		case errors.Is(err, io.EOF):
-			c.final = c.endErr()
-			c.clean.Store(c.final == io.EOF)
+			if end := c.endErr(); end != io.EOF {
+				c.fail(end)
+				return
+			}
+			c.final = io.EOF
+			c.clean.Store(true)
 		default:
-			c.final = c.streamErr(err)
+			c.fail(c.streamErr(err))
 		}
 		return
 	}
 }
 
+// fail records the flow's error for Read (after what is buffered) and for
+// Write, on the pump's goroutine before chunks closes.
+func (c *podConn) fail(err error) {
+	c.final = err
+	c.failed.Store(&err)
+}
+
 // errStalled ends a flow whose client stopped reading.
 var errStalled = fmt.Errorf("the client read nothing of the %d MiB buffered for it", maxBuffered>>20)
 
-// put hands a chunk to Read; it reports false when the flow ends instead
-// (closed, or stalled: then the flow is reset, so that it holds up no
-// other flow of the tunnel).
-func (c *podConn) put(b []byte) bool {
+// put hands a chunk to Read. It fails when the flow ends instead: closed
+// (net.ErrClosed), or stalled, its client reading nothing for StallLimit
+// while its buffer is full; then the flow is reset, so that it holds up
+// the tunnel's other flows no longer.
+func (c *podConn) put(b []byte) error {
 	select {
 	case c.chunks <- b:
-		return true
+		return nil
 	case <-c.closed:
-		return false
+		return net.ErrClosed
 	case <-c.f.done:
-		return false
+		return ErrClosed
 	default:
 	}
 	timer := time.NewTimer(c.f.cfg.StallLimit)
 	defer timer.Stop()
 	select {
 	case c.chunks <- b:
-		return true
+		return nil
 	case <-c.closed:
-		return false
+		return net.ErrClosed
 	case <-c.f.done:
-		return false
+		return ErrClosed
 	case <-timer.C:
-		c.final = c.streamErr(errStalled)
 		_ = c.data.Reset()
-		return false
+		return c.streamErr(fmt.Errorf("pod %s port %d: %w", c.t.pod, c.port, errStalled))
 	}
 }
 
@@ -592,7 +653,7 @@ func (c *podConn) endErr() error {
 	case <-c.f.done:
 		return broke()
 	case <-c.closed: // nobody reads on
-		return io.EOF
+		return net.ErrClosed
 	}
 	switch {
 	case c.errMsg != "":
@@ -619,7 +680,13 @@ func (c *podConn) streamErr(err error) error {
 // kubelet ended it cleanly.
 func (c *podConn) Read(b []byte) (int, error) {
 	if len(c.pending) == 0 {
-		chunk, ok := <-c.chunks
+		var chunk []byte
+		ok := true
+		select {
+		case chunk, ok = <-c.chunks:
+		case <-c.closed:
+			return 0, net.ErrClosed
+		}
 		if !ok {
 			return 0, c.final
 		}
@@ -630,7 +697,18 @@ func (c *podConn) Read(b []byte) (int, error) {
 	return n, nil
 }
 
+// Write writes to the data stream; once the flow failed (a stall, the
+// kubelet's error, a broken tunnel), it returns that error, since the SPDY
+// library would drop the bytes of a reset stream without one.
 func (c *podConn) Write(b []byte) (int, error) {
+	if e := c.failed.Load(); e != nil {
+		return 0, *e
+	}
+	select {
+	case <-c.closed:
+		return 0, net.ErrClosed
+	default:
+	}
 	n, err := c.data.Write(b)
 	if err != nil {
 		return n, fmt.Errorf("pod %s port %d: %w", c.t.pod, c.port, err)
@@ -652,7 +730,17 @@ func (c *podConn) Close() error {
 	c.once.Do(func() {
 		close(c.closed)
 		c.f.stats.streamsOpen.Add(-1)
-		c.f.wg.Add(1)
+		c.f.mu.Lock()
+		closed := c.f.closed
+		if !closed {
+			c.f.wg.Add(1)
+		}
+		c.f.mu.Unlock()
+		if closed { // the tunnel is closed: nothing to wait for
+			c.free()
+			c.f.release(c.t)
+			return
+		}
 		go func() { // stream pair closer
 			defer c.f.wg.Done()
 			c.free()
@@ -694,12 +782,7 @@ func (c *podConn) SetWriteDeadline(time.Time) error { return nil }
 // Stats returns the counters.
 func (f *PortForwarder) Stats() PortForwardStats {
 	f.mu.Lock()
-	n := 0
-	for _, t := range f.tunnels {
-		if t.conn != nil {
-			n++
-		}
-	}
+	n := len(f.live)
 	f.mu.Unlock()
 	s := &f.stats
 	return PortForwardStats{

@@ -251,6 +251,32 @@ func TestStalledClientIsResetAlone(t *testing.T) {
 	if n < maxBuffered/2 {
 		t.Errorf("the stalled flow kept %d bytes, want its buffer (%d)", n, maxBuffered)
 	}
+	if _, err := hose.Write([]byte("x")); !errors.Is(err, errStalled) {
+		t.Errorf("a write to the stalled flow: %v, want errStalled (not bytes dropped silently)", err)
+	}
+}
+
+// TestReadAfterClose: a flow closed while its reader waits ends that read
+// with net.ErrClosed, and every read after, never (0, nil).
+func TestReadAfterClose(t *testing.T) {
+	k := newFakeKubelet(t)
+	f := k.forwarder(PortForwardConfig{})
+	c, err := dialWithin(f, portEcho, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { _, err := c.Read(make([]byte, 8)); errc <- err }()
+	time.Sleep(50 * time.Millisecond)
+	c.Close()
+	if err := <-errc; !errors.Is(err, net.ErrClosed) {
+		t.Errorf("the waiting read: %v, want net.ErrClosed", err)
+	}
+	for range 3 {
+		if n, err := c.Read(make([]byte, 8)); n != 0 || !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("a read after Close: %d, %v; want net.ErrClosed", n, err)
+		}
+	}
 }
 
 // TestCloseStopsOpenings: Close does not wait for an opening in progress,

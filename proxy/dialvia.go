@@ -163,13 +163,12 @@ func (p *Proxy) dialWay(ctx context.Context, w Way, pk *pick) (net.Conn, error) 
 	return c, err
 }
 
-// dialer dials pk's endpoint one way.
+// dialer dials pk's endpoint one way (through the API server: pk has a
+// Pod, dialWay checked).
 func (p *Proxy) dialer(ctx context.Context, w Way, pk *pick) (net.Conn, error) {
 	switch {
 	case w == WayDirect:
 		return p.cfg.Dialer.DialContext(ctx, "tcp", pk.endpoint.String())
-	case pk.pod.IsZero():
-		return nil, ErrNoPod
 	case p.cfg.PodDialer == nil:
 		return nil, errNoPodDialer
 	}

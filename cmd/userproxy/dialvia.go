@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"maps"
 
 	"go.uber.org/zap"
 
@@ -49,7 +48,7 @@ func dialView(via proxy.DialVia, px *proxy.Proxy, pf *kube.PortForwarder) func()
 	return func() admin.DialView {
 		v := admin.DialView{Via: via.String(), Remembered: px.RememberedWays()}
 		if pf != nil {
-			v.Tunnels = maps.Clone(pf.Tunnels())
+			v.Tunnels = pf.Tunnels()
 		}
 		return v
 	}

@@ -118,7 +118,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.scheduler, "scheduler", "random", "endpoint scheduler of Services without a "+service.AnnotationScheduler+" annotation: random (kube-proxy's iptables lottery) or an IPVS scheduler: rr, wrr, lc, wlc, sed, nq, sh, dh, mh")
 	fs.StringVar(&f.schedulerFlags, "scheduler-flags", "", "flags of --scheduler, as ipvsadm -b takes them (sh-port, sh-fallback, mh-port, mh-fallback, flag-N; comma-separated)")
 	fs.DurationVar(&f.dialTimeout, "dial-timeout", 5*time.Second, "timeout of a connection to an endpoint")
-	fs.StringVar(&f.dialViaName, "dial-via", "", "how TCP flows reach endpoints: direct (from this host), apiserver (through the API server's pods/portforward, for pods this host cannot route to), auto (direct first, then the API server; remembered per endpoint). Default: auto with an API server, direct with --config")
+	fs.StringVar(&f.dialViaName, "dial-via", "", "how TCP flows reach endpoints: direct (from this host), apiserver (through the API server's pods/portforward, for pods this host cannot route to), auto (direct first, then the API server; remembered per endpoint address). Default: auto with an API server, direct with --config")
 	fs.DurationVar(&f.dialDirect, "dial-direct-timeout", time.Second, "with --dial-via auto: how long the first direct dial of an endpoint may take before the API server is tried")
 	fs.DurationVar(&f.tunnelIdle, "apiserver-tunnel-idle", 30*time.Second, "how long a pod's tunnel through the API server stays open without flows")
 	fs.IntVar(&f.maxInFlight, "max-inflight", 1024, "TCP handshakes waiting for their endpoint at once; further SYNs are dropped (counted)")

@@ -2,12 +2,15 @@ package kubeapi_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,37 +55,12 @@ func TestKubeletPortForward(t *testing.T) {
 }
 
 func testKubeletPortForward(t *testing.T, c *kubeapi.Cluster, cs kubernetes.Interface, node string, websocket bool) {
-	ctx := ctxT(t)
 	ns := newNamespace(t, cs)
 	const port = 8080
 	backends := map[string]*echoServer{"pod-a": newEchoServer(t, "pod-a"), "pod-b": newEchoServer(t, "pod-b")}
-	backend := func(namespace, pod string, p int32) (string, bool) {
-		b, ok := backends[pod]
-		if namespace != ns || !ok || p != port {
-			return "", false
-		}
-		return b.addr, true
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	logger := zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)) // DebugLevel: each request the API server sends
-	cfg := kubeapi.KubeletConfig{Listener: ln, Backend: backend, StreamCreationTimeout: time.Second, Logger: logger}
-	k, err := kubeapi.StartKubelet(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { k.Close() })
-	if err := kubeapi.RegisterNode(ctx, cs, node, k.Port()); err != nil {
-		t.Fatal(err)
-	}
-	for i, pod := range []string{"pod-a", "pod-b"} {
-		ip := netip.AddrFrom4([4]byte{198, 51, 100, byte(10 + i)}) // never dialled: only Backend is
-		if _, err := kubeapi.CreatePod(ctx, cs, ns, pod, node, ip, port); err != nil {
-			t.Fatal(err)
-		}
-	}
+	k, cfg := podsBehindKubelet(t, cs, node, ns, port, map[string]string{"pod-a": backends["pod-a"].addr, "pod-b": backends["pod-b"].addr},
+		netip.MustParseAddr("198.51.100.10"), kubeapi.KubeletConfig{StreamCreationTimeout: time.Second, Logger: logger})
 	wantVia, killNoticed := "spdy", 10*time.Second
 	if websocket {
 		wantVia, killNoticed = "websocket", 3*portforward.PingPeriod
@@ -192,7 +170,7 @@ func testKubeletPortForward(t *testing.T, c *kubeapi.Cluster, cs kubernetes.Inte
 	_ = conn.Close()
 
 	// Restarted on the same port, by the test, as a kubelet would be.
-	ln, err = net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(k.Port()))
+	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(k.Port()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +380,7 @@ type echoServer struct {
 	conns      map[net.Conn]struct{}
 }
 
-func newEchoServer(t *testing.T, name string) *echoServer {
+func newEchoServer(t testing.TB, name string) *echoServer {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -450,4 +428,42 @@ func (s *echoServer) open() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.conns)
+}
+
+// podsBehindKubelet starts the fake kubelet on 127.0.0.1 with cfg (its
+// Listener and Backend are set here), registers it as Node node, and creates
+// the Pods of backends on it in namespace ns, with addresses from firstIP on
+// (stored, never dialled): the kubelet forwards port of each to its backend.
+// It returns the kubelet, closed when the test ends, and the config it was
+// started with, for a restart on a new listener.
+func podsBehindKubelet(t testing.TB, cs kubernetes.Interface, node, ns string, port int32, backends map[string]string, firstIP netip.Addr, cfg kubeapi.KubeletConfig) (*kubeapi.Kubelet, kubeapi.KubeletConfig) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listener = ln
+	cfg.Backend = func(namespace, pod string, p int32) (string, bool) {
+		addr, ok := backends[pod]
+		return addr, ok && namespace == ns && p == port
+	}
+	k, err := kubeapi.StartKubelet(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := kubeapi.RegisterNode(ctx, cs, node, k.Port()); err != nil {
+		t.Fatal(err)
+	}
+	pods := slices.Sorted(maps.Keys(backends))
+	ip := firstIP
+	for _, pod := range pods {
+		if _, err := kubeapi.CreatePod(ctx, cs, ns, pod, node, ip, port); err != nil {
+			t.Fatal(err)
+		}
+		ip = ip.Next()
+	}
+	return k, cfg
 }

@@ -3,7 +3,6 @@ package kubeapi_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -58,23 +57,7 @@ func TestRBACLaptop(t *testing.T) {
 	// A pod behind the fake kubelet.
 	ns := newNamespace(t, cs)
 	be := newEchoServer(t, "pod-a")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	k, err := kubeapi.StartKubelet(kubeapi.KubeletConfig{Listener: ln, Backend: func(namespace, pod string, p int32) (string, bool) {
-		return be.addr, namespace == ns && pod == "pod-a" && p == 8080
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(k.Close)
-	if err := kubeapi.RegisterNode(ctx, cs, "rbac-pf-node", k.Port()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kubeapi.CreatePod(ctx, cs, ns, "pod-a", "rbac-pf-node", netip.MustParseAddr("198.51.100.30"), 8080); err != nil {
-		t.Fatal(err)
-	}
+	podsBehindKubelet(t, cs, "rbac-pf-node", ns, 8080, map[string]string{"pod-a": be.addr}, netip.MustParseAddr("198.51.100.30"), kubeapi.KubeletConfig{})
 
 	// reach dials pod-a with the token of a ServiceAccount bound to roles.
 	reach := func(name string, roles ...*rbacv1.ClusterRole) error {

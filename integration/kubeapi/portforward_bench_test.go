@@ -28,23 +28,7 @@ func BenchmarkPortForward(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	be := startBenchBackend(b)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	k, err := kubeapi.StartKubelet(kubeapi.KubeletConfig{Listener: ln, Backend: func(_, pod string, p int32) (string, bool) {
-		return be, pod == "bench" && p == 8080
-	}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer k.Close()
-	if err := kubeapi.RegisterNode(ctx, cs, "bench-node", k.Port()); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := kubeapi.CreatePod(ctx, cs, "default", "bench", "bench-node", netip.MustParseAddr("198.51.100.40"), 8080); err != nil {
-		b.Fatal(err)
-	}
+	podsBehindKubelet(b, cs, "bench-node", "default", 8080, map[string]string{"bench": be}, netip.MustParseAddr("198.51.100.40"), kubeapi.KubeletConfig{})
 	pf, err := kube.NewPortForwarder(kube.PortForwardConfig{REST: c.RESTConfig(c.AdminToken())})
 	if err != nil {
 		b.Fatal(err)

@@ -34,31 +34,9 @@ func TestPortForwarderThroughAPIServer(t *testing.T) {
 	ns := newNamespace(t, cs)
 	const port = 8080
 	backends := map[string]*echoServer{"pod-a": newEchoServer(t, "pod-a"), "pod-b": newEchoServer(t, "pod-b")}
-	backend := func(namespace, pod string, p int32) (string, bool) {
-		b, ok := backends[pod]
-		if namespace != ns || !ok || p != port {
-			return "", false
-		}
-		return b.addr, true
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	k, err := kubeapi.StartKubelet(kubeapi.KubeletConfig{Listener: ln, Backend: backend})
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, kcfg := podsBehindKubelet(t, cs, "pf-node", ns, port, map[string]string{"pod-a": backends["pod-a"].addr, "pod-b": backends["pod-b"].addr},
+		netip.MustParseAddr("198.51.100.20"), kubeapi.KubeletConfig{})
 	kubeletPort := k.Port()
-	t.Cleanup(func() { k.Close() })
-	if err := kubeapi.RegisterNode(ctx, cs, "pf-node", kubeletPort); err != nil {
-		t.Fatal(err)
-	}
-	for i, pod := range []string{"pod-a", "pod-b"} {
-		if _, err := kubeapi.CreatePod(ctx, cs, ns, pod, "pf-node", netip.AddrFrom4([4]byte{198, 51, 100, byte(20 + i)}), port); err != nil {
-			t.Fatal(err)
-		}
-	}
 	pf, err := kube.NewPortForwarder(kube.PortForwardConfig{REST: c.RESTConfig(c.AdminToken()), Idle: 500 * time.Millisecond,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))})
 	if err != nil {
@@ -199,7 +177,8 @@ func TestPortForwarderThroughAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k2, err := kubeapi.StartKubelet(kubeapi.KubeletConfig{Listener: ln2, Backend: backend})
+	kcfg.Listener = ln2
+	k2, err := kubeapi.StartKubelet(kcfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -525,7 +525,7 @@ func (f *PortForwarder) createPair(t *tunnel, port uint16) (*podConn, error) {
 		return nil, fmt.Errorf("data stream to %s port %d: %w", t.pod, port, err)
 	}
 	return &podConn{f: f, t: t, port: port, data: data, errStream: errStream,
-		errDone: make(chan struct{}), chunks: make(chan []byte, maxBuffered/chunkSize), closed: make(chan struct{})}, nil
+		errDone: make(chan struct{}), chunks: make(chan chunk, maxBuffered/chunkSize), closed: make(chan struct{})}, nil
 }
 
 // podConn is one flow through a tunnel (step 3): a net.Conn over the data
@@ -543,9 +543,10 @@ type podConn struct {
 	errMsg  string        // what it carried, set before errDone closes
 	errErr  error
 
-	chunks  chan []byte   // the pump's reads, closed at the stream's end
+	chunks  chan chunk    // the pump's reads, closed at the stream's end
 	final   error         // io.EOF or the flow's error, set before chunks closes
-	pending []byte        // what Read has left of the last chunk
+	cur     chunk         // the chunk Read is taking bytes from
+	pending []byte        // what Read has left of it
 	closed  chan struct{} // closed by Close
 
 	failed     atomic.Pointer[error] // the flow's error, once it failed: Write returns it
@@ -566,17 +567,27 @@ func (c *podConn) start() {
 	go func() { defer c.f.wg.Done(); c.pump() }()
 }
 
+// chunk is one read of the pump: n bytes of a pooled buffer, handed to
+// Read, which gives the buffer back once it has copied them out.
+type chunk struct {
+	buf *[]byte
+	n   int
+}
+
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, chunkSize); return &b }}
+
 // pump moves the data stream into chunks (step 3).
 func (c *podConn) pump() { // pump: data stream -> the flow's buffer
 	defer close(c.chunks)
 	for {
-		b := make([]byte, chunkSize)
-		n, err := c.data.Read(b)
-		if n > 0 {
-			if perr := c.put(b[:n]); perr != nil {
-				c.fail(perr)
-				return
-			}
+		buf := chunkPool.Get().(*[]byte)
+		n, err := c.data.Read(*buf)
+		if n == 0 {
+			chunkPool.Put(buf)
+		} else if perr := c.put(chunk{buf, n}); perr != nil {
+			chunkPool.Put(buf)
+			c.fail(perr)
+			return
 		}
 		switch {
 		case err == nil:
@@ -609,20 +620,16 @@ var errStalled = fmt.Errorf("the client read nothing of the %d MiB buffered for 
 // (net.ErrClosed), or stalled, its client reading nothing for StallLimit
 // while its buffer is full; then the flow is reset, so that it holds up
 // the tunnel's other flows no longer.
-func (c *podConn) put(b []byte) error {
+func (c *podConn) put(ch chunk) error {
 	select {
-	case c.chunks <- b:
+	case c.chunks <- ch: // room: no timer
 		return nil
-	case <-c.closed:
-		return net.ErrClosed
-	case <-c.f.done:
-		return ErrClosed
 	default:
 	}
 	timer := time.NewTimer(c.f.cfg.StallLimit)
 	defer timer.Stop()
 	select {
-	case c.chunks <- b:
+	case c.chunks <- ch:
 		return nil
 	case <-c.closed:
 		return net.ErrClosed
@@ -680,17 +687,20 @@ func (c *podConn) streamErr(err error) error {
 // kubelet ended it cleanly.
 func (c *podConn) Read(b []byte) (int, error) {
 	if len(c.pending) == 0 {
-		var chunk []byte
-		ok := true
+		if c.cur.buf != nil {
+			chunkPool.Put(c.cur.buf)
+			c.cur = chunk{}
+		}
+		var ok bool
 		select {
-		case chunk, ok = <-c.chunks:
+		case c.cur, ok = <-c.chunks:
 		case <-c.closed:
 			return 0, net.ErrClosed
 		}
 		if !ok {
 			return 0, c.final
 		}
-		c.pending = chunk
+		c.pending = (*c.cur.buf)[:c.cur.n]
 	}
 	n := copy(b, c.pending)
 	c.pending = c.pending[n:]

@@ -40,6 +40,7 @@ type GateStats struct {
 	TableFull                   uint64
 	Accepted                    uint64
 	Oversized                   uint64
+	LinkUnsupported             uint64
 	TCPInFlight                 int
 	InFlightLimited             uint64
 	HandlerPanics               uint64
@@ -482,6 +483,8 @@ func gateGroup(snap func() GateStats) metricGroup {
 			func(s *GateStats) float64 { return float64(s.TCPInFlight) }),
 		counter(own("gate_oversized_packets_total"), "Packets dropped for being larger than 64 KiB.",
 			func(s *GateStats) uint64 { return s.Oversized }),
+		counter(own("gate_link_unsupported_packets_total"), "Packets the TUN handed over with a virtio-net header asking for an offload the link did not offer (dropped).",
+			func(s *GateStats) uint64 { return s.LinkUnsupported }),
 		counter(own("gate_handler_panics_total"), "Flow handler panics the stack recovered from.",
 			func(s *GateStats) uint64 { return s.HandlerPanics }),
 		counter(own("gate_handshakes_aborted_total"), "TCP handshakes aborted because the client did not complete them in time.",

@@ -245,6 +245,43 @@ func TestClassifyVectors(t *testing.T) {
 	}
 }
 
+// TestClassifyTrusted: ClassifyTrusted skips the checksums, and only them,
+// for packets the kernel vouched for (nf_ip_checksum trusts CHECKSUM_PARTIAL
+// and CHECKSUM_UNNECESSARY skbs the same way); Classify still refuses them.
+func TestClassifyTrusted(t *testing.T) {
+	fullSyn := syn4(flagSYN)
+	syn6 := tcpPacket(tcpSeg{src: client6, dst: service6, flags: flagSYN, seq: 1000, win: 65535})
+	udp4 := udpPacket(client4, service4, 20, ipOpts{})
+	for _, v := range []struct {
+		name    string
+		pkt     []byte
+		trusted Verdict // ClassifyTrusted's verdict; Classify's is INVALID
+		reason  Reason  // Classify's reason, and ClassifyTrusted's when it is INVALID too
+	}{
+		{"bad TCP checksum", corrupt(fullSyn, 36), New, ReasonBadChecksum},
+		{"bad TCP checksum v6", corrupt(syn6, 56), New, ReasonBadChecksum},
+		{"bad UDP checksum", corrupt(udp4, 30), New, ReasonBadChecksum},
+		{"bad IPv4 header checksum", corrupt(fullSyn, 10), New, ReasonBadChecksum},
+		{"SYN+FIN", syn4(flagSYN | flagFIN), Invalid, ReasonBadTCPFlags},
+		{"truncated TCP header", fix4(setField(fullSyn[:30], 2, 30)), Invalid, ReasonTruncated},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			tab, _ := newTestTable(t, nil)
+			if r := tab.Classify(v.pkt, Original); r.Verdict != Invalid || r.Reason != v.reason {
+				t.Errorf("Classify: %v/%v, want INVALID/%v", r.Verdict, r.Reason, v.reason)
+			}
+			r := tab.ClassifyTrusted(v.pkt, Original)
+			want := ReasonNone
+			if v.trusted == Invalid {
+				want = v.reason
+			}
+			if r.Verdict != v.trusted || r.Reason != want {
+				t.Errorf("ClassifyTrusted: %v/%v, want %v/%v", r.Verdict, r.Reason, v.trusted, want)
+			}
+		})
+	}
+}
+
 // TestResultTuple: the Result carries the Original-direction tuple in both
 // directions.
 func TestResultTuple(t *testing.T) {

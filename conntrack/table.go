@@ -149,13 +149,27 @@ func (t *Table) locate(k *Tuple) (*shard, uint64) {
 // Any dir other than Original counts as Reply. Classify does not keep pkt. It
 // allocates nothing unless an entry is removed and OnRemove is set.
 func (t *Table) Classify(pkt []byte, dir Direction) (r Result) {
+	return t.classify(pkt, dir, t.verify && dir == Original)
+}
+
+// ClassifyTrusted is Classify for a packet whose checksums are not to be
+// verified whatever Config.SkipChecksums says: one the local kernel wrote
+// with its checksum left partial for the device to complete, or one a device
+// has verified (CHECKSUM_PARTIAL and CHECKSUM_UNNECESSARY, which the kernel's
+// conntrack does not verify either: nf_ip_checksum, net/netfilter/utils.c).
+// Every other check is the same.
+func (t *Table) ClassifyTrusted(pkt []byte, dir Direction) Result {
+	return t.classify(pkt, dir, false)
+}
+
+func (t *Table) classify(pkt []byte, dir Direction, verify bool) (r Result) {
 	if dir != Original {
 		dir = Reply
 	}
 	r.Dir = dir
 	var outerDst [16]byte
 	out := parseOut{t: &r.Tuple, s: &r.seg, outerDst: &outerDst}
-	if reason := parseInto(pkt, t.verify && dir == Original, &out); reason != ReasonNone {
+	if reason := parseInto(pkt, verify, &out); reason != ReasonNone {
 		proto := r.Tuple.proto
 		r.Tuple = Tuple{}
 		if reason.Unsupported() {

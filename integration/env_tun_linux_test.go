@@ -102,48 +102,9 @@ func (tunEnv) start(t testing.TB, seed uint64) (*rig, client) {
 	ns, name := newNetNS(t)
 	var link *netstack.Link
 	err := inNS(ns, func() error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return err
-		}
-		// No duplicate address detection and no link-local address on new
-		// devices: otherwise the kernel holds IPv6 output on the TUN until
-		// its link-local address passes DAD, and a test's first IPv6
-		// packet can be lost.
-		for _, kv := range [][2]string{{"accept_dad", "0"}, {"addr_gen_mode", "1"}} {
-			if err := os.WriteFile("/proc/sys/net/ipv6/conf/default/"+kv[0], []byte(kv[1]), 0o644); err != nil {
-				return fmt.Errorf("sysctl %s: %w", kv[0], err)
-			}
-		}
-		link, err = netstack.OpenTUN(netstack.TUNOptions{Name: "upx0", MTU: tunMTU})
-		if err != nil {
-			return err
-		}
-		tun, err := netlink.LinkByName("upx0")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetMTU(tun, int(tunMTU)); err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(tun); err != nil {
-			return err
-		}
-		for _, p := range []netip.Prefix{tunClient4, tunClient6} {
-			a := &netlink.Addr{IPNet: prefixNet(p), Flags: unix.IFA_F_NODAD}
-			if err := netlink.AddrAdd(tun, a); err != nil {
-				return fmt.Errorf("address %s: %w", p, err)
-			}
-		}
-		for _, p := range svcCIDRs {
-			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: tun.Attrs().Index, Dst: prefixNet(p)}); err != nil {
-				return fmt.Errorf("route %s: %w", p, err)
-			}
-		}
-		return nil
+		var err error
+		link, err = setUpTUN(netstack.TUNOptions{Name: "upx0", MTU: tunMTU})
+		return err
 	})
 	if err != nil {
 		t.Fatalf("setting up the TUN in namespace %s: %v", name, err)
@@ -152,6 +113,56 @@ func (tunEnv) start(t testing.TB, seed uint64) (*rig, client) {
 	c := &nsClient{ns: ns, work: make(chan func())}
 	startWorkers(t, c)
 	return r, c
+}
+
+// setUpTUN runs in a fresh namespace: it opens the TUN device, brings it and
+// lo up, puts the client's addresses on it and routes the service CIDRs into
+// it.
+func setUpTUN(opts netstack.TUNOptions) (*netstack.Link, error) {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return nil, err
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return nil, err
+	}
+	// No duplicate address detection and no link-local address on new
+	// devices: otherwise the kernel holds IPv6 output on the TUN until its
+	// link-local address passes DAD, and a test's first IPv6 packet can be
+	// lost.
+	for _, kv := range [][2]string{{"accept_dad", "0"}, {"addr_gen_mode", "1"}} {
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/default/"+kv[0], []byte(kv[1]), 0o644); err != nil {
+			return nil, fmt.Errorf("sysctl %s: %w", kv[0], err)
+		}
+	}
+	link, err := netstack.OpenTUN(opts)
+	if err != nil {
+		return nil, err
+	}
+	// On an error the test fails and its namespace goes, with the device.
+	fail := func(err error) (*netstack.Link, error) { return nil, err }
+	tun, err := netlink.LinkByName(opts.Name)
+	if err != nil {
+		return fail(err)
+	}
+	if err := netlink.LinkSetMTU(tun, int(opts.MTU)); err != nil {
+		return fail(err)
+	}
+	if err := netlink.LinkSetUp(tun); err != nil {
+		return fail(err)
+	}
+	for _, p := range []netip.Prefix{tunClient4, tunClient6} {
+		a := &netlink.Addr{IPNet: prefixNet(p), Flags: unix.IFA_F_NODAD}
+		if err := netlink.AddrAdd(tun, a); err != nil {
+			return fail(fmt.Errorf("address %s: %w", p, err))
+		}
+	}
+	for _, p := range svcCIDRs {
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: tun.Attrs().Index, Dst: prefixNet(p)}); err != nil {
+			return fail(fmt.Errorf("route %s: %w", p, err))
+		}
+	}
+	return link, nil
 }
 
 // nsWorkers is the number of client threads in a namespace: as many as the

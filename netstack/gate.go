@@ -2,10 +2,12 @@ package netstack
 
 // The gate: every packet between the link and gVisor passes here.
 //
-//  1. A packet from the link (client -> service) is copied into a pooled
-//     buffer; a fragment goes to the reassembler first, and a completed
-//     datagram goes on in its place (defrag.go). The packet is classified by
-//     conntrack in the Original direction.
+//  1. A packet from the link (client -> service) is read in place when it is
+//     one view (as the TUN delivers it), else copied into a pooled buffer; a
+//     fragment goes to the reassembler first, and a completed datagram goes
+//     on in its place (defrag.go). The packet is classified by conntrack in
+//     the Original direction, without verifying its checksums when the link
+//     says the kernel vouched for them (tunlink_linux.go).
 //  2. INVALID: dropped and counted; gVisor never sees it (it would answer a
 //     stray ACK with a RST). Packets conntrack tracks no flow for (ICMP echo,
 //     other protocols) are dropped too, but counted by conntrack apart from
@@ -104,26 +106,42 @@ func newGate(child stack.LinkEndpoint, ct *conntrack.Table, admit func() AdmitFu
 // DeliverNetworkPacket receives a packet from the link (steps 1-4).
 func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
 	g.counters.inbound.Add(1)
-	bp := packetPool.Get().(*[]byte)
-	defer packetPool.Put(bp)
-	if pkt.Size() > len(*bp) {
+	if pkt.Size() > maxPacket {
 		g.counters.oversized.Add(1)
 		return
 	}
-	b := appendPacket((*bp)[:0], pkt)
+	// A packet just read from a TUN is one view: classify it in place.
+	var b []byte
+	if vl, off := pkt.AsViewList(); vl.Front() != nil && vl.Front().Next() == nil {
+		b = vl.Front().AsSlice()[off:]
+	} else {
+		bp := packetPool.Get().(*[]byte)
+		defer packetPool.Put(bp)
+		b = appendPacket((*bp)[:0], pkt)
+	}
+	// The link marks the packets whose checksums the kernel vouched for
+	// (tunlink_linux.go); the NIC marks every packet again for gVisor after
+	// the gate, so the mark means nothing else here.
+	trusted := pkt.RXChecksumValidated
 	if conntrack.IsFragment(b) {
 		var release func()
 		if pkt, b, release = g.reassemble(proto, pkt, b); pkt == nil {
 			return // held or dropped
 		}
 		defer release()
+		trusted = false // no device vouches for a datagram put together here
 	}
 	if g.resets.passIn(b) {
 		g.counters.resetsIn.Add(1)
 		g.Endpoint.DeliverNetworkPacket(proto, pkt)
 		return
 	}
-	res := g.ct.Classify(b, conntrack.Original)
+	var res conntrack.Result
+	if trusted {
+		res = g.ct.ClassifyTrusted(b, conntrack.Original)
+	} else {
+		res = g.ct.Classify(b, conntrack.Original)
+	}
 	switch res.Verdict {
 	case conntrack.Invalid:
 		if !res.Reason.Unsupported() { // those are counted by conntrack, by protocol

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -23,6 +24,14 @@ type Link struct {
 	ep    stack.LinkEndpoint
 	close func() error
 	name  string
+
+	// Offload is set when the link is a TUN device opened with virtio-net
+	// headers and TCP offloads; OffloadRefused then holds why a device that
+	// was asked for them is in the plain mode instead.
+	Offload        bool
+	OffloadRefused error
+
+	unsupported *atomic.Uint64 // packets the link dropped unread (Stats.LinkUnsupported)
 }
 
 // Name returns the device name, or a description for in-memory links.

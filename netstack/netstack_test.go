@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
 
 	"github.com/userproxy/userproxy/conntrack"
 )
@@ -353,6 +355,30 @@ func waitUntil(t *testing.T, cond func() bool) {
 	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("condition not met within 10 s")
+		}
+	}
+}
+
+// The gate skips checksum verification only for packets the link says the
+// kernel vouched for (tunlink_linux.go): a SYN with a wrong TCP checksum is
+// admitted when so marked, and INVALID otherwise. (Past the gate, gVisor
+// trusts the link's capabilities, which a MemoryLink does not offer.)
+func TestGateTrustsOnlyVouchedChecksums(t *testing.T) {
+	for _, vouched := range []bool{true, false} {
+		st, _, ct := newTestStack(t, accept)
+		b := tcpPacket(client, service, header.TCPFlagSyn, 1000, 0)
+		b[header.IPv4MinimumSize+16] ^= 0x5a // the TCP checksum
+		pb := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(b)})
+		pb.RXChecksumValidated = vouched
+		st.gates[linkNIC].DeliverNetworkPacket(header.IPv4ProtocolNumber, pb)
+		pb.DecRef()
+		accepted, invalid := st.Stats().Accepted, ct.Stats().Invalid[conntrack.ReasonBadChecksum]
+		_, tracked := ct.Get(conntrack.MakeTuple(conntrack.TCP, client, service))
+		switch {
+		case vouched && (accepted != 1 || invalid != 0 || !tracked):
+			t.Errorf("vouched for: %d accepted, %d INVALID, tracked %v; want 1, 0, true", accepted, invalid, tracked)
+		case !vouched && (accepted != 0 || invalid != 1 || tracked):
+			t.Errorf("not vouched for: %d accepted, %d INVALID, tracked %v; want 0, 1, false", accepted, invalid, tracked)
 		}
 	}
 }

@@ -367,6 +367,10 @@ type Stats struct {
 	Accepted uint64
 	// Oversized packets dropped (larger than 64 KiB).
 	Oversized uint64
+	// LinkUnsupported counts packets the TUN handed over with a virtio-net
+	// header the link did not offer to take (a GSO type other than TCP's);
+	// they are dropped unread.
+	LinkUnsupported uint64
 	// TCPInFlight is the number of TCP handshakes waiting for the handler;
 	// InFlightLimited counts SYNs dropped by the global or per-client limit.
 	TCPInFlight     int
@@ -389,13 +393,18 @@ func (st *Stack) Stats() Stats {
 	st.mu.Lock()
 	inflight := len(st.inFlight)
 	st.mu.Unlock()
+	var linkUnsupported uint64
+	if st.link.unsupported != nil {
+		linkUnsupported = st.link.unsupported.Load()
+	}
 	return Stats{
 		PacketsIn: c.inbound.Load(), PacketsOut: c.outbound.Load(),
 		InvalidIn: c.invalidIn.Load(), InvalidOut: c.invalidOut.Load(),
 		Rejected: c.rejected.Load(), RejectRateLimited: c.rejectRateLimited.Load(),
 		Dropped: c.dropped.Load(), TableFull: c.tableFull.Load(),
 		Accepted: c.accepted.Load(), Oversized: c.oversized.Load(),
-		TCPInFlight: inflight, InFlightLimited: c.inFlightLimited.Load(),
+		LinkUnsupported: linkUnsupported,
+		TCPInFlight:     inflight, InFlightLimited: c.inFlightLimited.Load(),
 		HandlerPanics: c.handlerPanics.Load(), HandshakesAborted: c.handshakesAborted.Load(),
 		ResetsAfterEntry: c.resetsOut.Load(), SegmentsAfterEntry: c.resetsIn.Load(),
 	}

@@ -15,4 +15,8 @@ type TUNOptions struct {
 	// process (Linux). Opening a persistent device made by `userproxy
 	// setup` must set it, or the device would vanish when the proxy exits.
 	Persistent bool
+	// NoOffload opens a Linux device without virtio-net headers and TCP
+	// offloads (tunlink_linux.go): every packet is cut to the MTU and
+	// checksummed by the kernel and by the gate, as before they existed.
+	NoOffload bool
 }

@@ -60,6 +60,7 @@ const defaultMTU = 65520
 type runFlags struct {
 	config, kubeconfig string
 	tunName            string
+	tunOffload         bool
 	mtu                int
 	serviceCIDRs       prefixList
 	clusterCIDRs       prefixList
@@ -99,6 +100,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the API server to watch (in-cluster config when neither --config nor --kubeconfig is given)")
 	fs.StringVar(&f.tunName, "tun-name", "userproxy0", "TUN device (created when missing)")
 	fs.IntVar(&f.mtu, "mtu", defaultMTU, "MTU of a TUN device run creates")
+	fs.BoolVar(&f.tunOffload, "tun-offload", true, "open the TUN with virtio-net headers and TCP segmentation and checksum offloads (Linux; falls back without them if refused); false: every packet cut to the MTU and checksummed")
 	f.serviceCIDRs.values = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
 	fs.Var(&f.serviceCIDRs, "service-cidr", "service CIDR routed into the TUN (repeatable; IPv6 too)")
 	fs.Var(&f.clusterCIDRs, "cluster-cidr", "pod CIDR of this cluster (repeatable): flows from it, as from this host's own addresses, to a NodePort, external IP or LB IP of an externalTrafficPolicy Local service use every endpoint (kube-proxy's short-circuit)")
@@ -350,7 +352,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	}
 
 	// 4, 5. The TUN and the stack.
-	tun, err := openTUN(f.tunName, f.mtu, f.serviceCIDRs.values, logger.Named("tun"))
+	tun, err := openTUN(f.tunName, f.mtu, f.tunOffload, f.serviceCIDRs.values, logger.Named("tun"))
 	if err != nil {
 		return err
 	}

@@ -30,7 +30,7 @@ type tunDevice struct {
 // openTUN opens the TUN device name, creating it when missing (root), and
 // adds the routes of cidrs that are missing. A persistent device made by
 // `userproxy setup` is opened as is, without privileges.
-func openTUN(name string, mtu int, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
+func openTUN(name string, mtu int, offload bool, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
 	d := &tunDevice{name: name, logger: logger}
 	existing, err := netlink.LinkByName(name)
 	if err != nil {
@@ -51,13 +51,17 @@ func openTUN(name string, mtu int, cidrs []netip.Prefix, logger *zap.Logger) (*t
 	// A device that exists stays as persistent as it was (water sets the
 	// flag on every open).
 	persistent := existing != nil && isPersistent(existing)
-	d.link, err = netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu), Persistent: persistent})
+	d.link, err = netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu), Persistent: persistent, NoOffload: !offload})
 	if err != nil {
 		if existing == nil && errors.Is(err, os.ErrPermission) {
 			return nil, fmt.Errorf("%w (creating a TUN device needs root or CAP_NET_ADMIN; or run `sudo userproxy setup --user $USER` once)", err)
 		}
 		return nil, err
 	}
+	if d.link.OffloadRefused != nil {
+		logger.Warn("the TUN refused virtio-net headers or TCP offloads; every packet is cut to the MTU", zap.String("device", name), zap.Error(d.link.OffloadRefused))
+	}
+	logger.Info("TUN device open", zap.String("device", name), zap.Bool("offload", d.link.Offload))
 	if d.created {
 		if err := configureNewTUN(name, mtu, logger); err != nil {
 			d.close()

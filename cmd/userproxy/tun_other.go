@@ -25,7 +25,7 @@ type tunDevice struct {
 
 // openTUN opens a utun device and routes cidrs into it with route(8). This
 // path compiles and is meant for macOS; it is not tested in CI.
-func openTUN(name string, mtu int, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
+func openTUN(name string, mtu int, offload bool, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
 	link, err := netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu)})
 	if err != nil {
 		return nil, err

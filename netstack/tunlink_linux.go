@@ -1,0 +1,358 @@
+package netstack
+
+// The link endpoint of a Linux TUN device: one reader goroutine per queue,
+// one write(2) per packet.
+//
+// Opened with virtio-net headers (IFF_VNET_HDR) and offloads (TUNSETOFFLOAD
+// TUN_F_CSUM|TUN_F_TSO4|TUN_F_TSO6), every packet on the device is preceded by
+// a struct virtio_net_hdr (include/uapi/linux/virtio_net.h), and the packets
+// can be far larger than the path's MTU:
+//
+//   - In: the kernel no longer cuts a TCP super-packet (a pod's TSO send, a
+//     GRO-merged burst) into MSS-sized segments before the TUN, nor sums its
+//     checksum: it hands over up to 64 KiB at once with
+//     VIRTIO_NET_HDR_F_NEEDS_CSUM. The gate then classifies the packet
+//     without verifying its checksum, as the kernel's conntrack does for a
+//     CHECKSUM_PARTIAL skb (nf_ip_checksum in net/netfilter/utils.c returns
+//     valid for anything but CHECKSUM_NONE and CHECKSUM_COMPLETE), and gVisor
+//     takes it as one segment, as Linux does after GRO.
+//   - Out: gVisor's TCP builds segments of up to 64 KiB with host GSO and
+//     leaves the checksum partial; the header tells the kernel the MSS to cut
+//     them at (tun_get_user -> virtio_net_hdr_to_skb), and the kernel cuts
+//     them only where it must: a veth to a pod takes the whole super-packet.
+//
+// A device or kernel that refuses the header or the offloads gets the plain
+// mode: no header, one MTU-sized packet per read and write, checksums summed
+// on both sides, as gVisor's fdbased endpoint did.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+// vnetHdrLen is the size of struct virtio_net_hdr, the TUN's default
+// (TUNSETVNETHDRSZ unset).
+const vnetHdrLen = 10
+
+// tunGSOMaxSize is the largest packet the endpoint asks gVisor to build: the
+// kernel's GSO_LEGACY_MAX_SIZE, the gso_max_size of a TUN device.
+const tunGSOMaxSize = 65536
+
+// tunOffloads are the offloads asked of the device: checksums and TCP
+// segmentation both ways. UDP segmentation (TUN_F_USO4/6) is not asked
+// for: gVisor's UDP neither sends nor takes super-datagrams, so the kernel
+// cuts those before the TUN.
+const tunOffloads = unix.TUN_F_CSUM | unix.TUN_F_TSO4 | unix.TUN_F_TSO6
+
+// tunQueue is one queue of the device.
+type tunQueue struct {
+	f  *os.File // in the runtime poller; reads park there
+	fd int      // the same descriptor, for writev
+}
+
+// tunEndpoint implements stack.LinkEndpoint over the queues of one device.
+type tunEndpoint struct {
+	queues []tunQueue
+	vnet   bool // packets carry a virtio_net_hdr; host GSO out, super-packets in
+	mtu    atomic.Uint32
+
+	// unsupported counts packets dropped because their header asked for
+	// something the endpoint did not offer (a GSO type other than TCP).
+	unsupported atomic.Uint64
+
+	mu         sync.RWMutex
+	dispatcher stack.NetworkDispatcher
+	started    bool
+	onClose    func()
+
+	readers  sync.WaitGroup
+	stopOnce sync.Once
+}
+
+var _ stack.LinkEndpoint = (*tunEndpoint)(nil)
+var _ stack.GSOEndpoint = (*tunEndpoint)(nil)
+
+func newTUNEndpoint(queues []tunQueue, mtu uint32, vnet bool) *tunEndpoint {
+	e := &tunEndpoint{queues: queues, vnet: vnet}
+	e.mtu.Store(mtu)
+	return e
+}
+
+// MTU implements stack.LinkEndpoint.
+func (e *tunEndpoint) MTU() uint32 { return e.mtu.Load() }
+
+// SetMTU implements stack.LinkEndpoint.
+func (e *tunEndpoint) SetMTU(mtu uint32) { e.mtu.Store(mtu) }
+
+// MaxHeaderLength implements stack.LinkEndpoint: the virtio-net header goes
+// in an iovec of its own, not in the packet.
+func (*tunEndpoint) MaxHeaderLength() uint16 { return 0 }
+
+// LinkAddress implements stack.LinkEndpoint: a TUN has none.
+func (*tunEndpoint) LinkAddress() tcpip.LinkAddress { return "" }
+
+// SetLinkAddress implements stack.LinkEndpoint.
+func (*tunEndpoint) SetLinkAddress(tcpip.LinkAddress) {}
+
+// Capabilities implements stack.LinkEndpoint. gVisor trusts the checksums of
+// inbound packets because the gate has verified them, or the kernel vouched
+// for them in the virtio-net header (see the top of the file).
+// gVisor still sums what it sends but for TCP under host GSO, whose partial
+// checksums the header asks the kernel to complete.
+func (*tunEndpoint) Capabilities() stack.LinkEndpointCapabilities {
+	return stack.CapabilityRXChecksumOffload
+}
+
+// GSOMaxSize implements stack.GSOEndpoint.
+func (e *tunEndpoint) GSOMaxSize() uint32 {
+	if e.vnet {
+		return tunGSOMaxSize
+	}
+	return 0
+}
+
+// SupportedGSO implements stack.GSOEndpoint.
+func (e *tunEndpoint) SupportedGSO() stack.SupportedGSO {
+	if e.vnet {
+		return stack.HostGSOSupported
+	}
+	return stack.GSONotSupported
+}
+
+// Attach implements stack.LinkEndpoint: the first attach starts a reader per
+// queue, and detaching (nil, as gVisor does when it removes the NIC, before
+// it waits) stops them for good.
+func (e *tunEndpoint) Attach(d stack.NetworkDispatcher) {
+	e.mu.Lock()
+	first := e.dispatcher == nil && d != nil && !e.started
+	e.started = e.started || first
+	e.dispatcher = d
+	e.mu.Unlock()
+	if d == nil {
+		e.stopReaders()
+		return
+	}
+	if !first {
+		return
+	}
+	for _, q := range e.queues {
+		e.readers.Add(1)
+		go e.read(q)
+	}
+}
+
+// IsAttached implements stack.LinkEndpoint.
+func (e *tunEndpoint) IsAttached() bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.dispatcher != nil
+}
+
+// Wait implements stack.LinkEndpoint: it returns once every reader has
+// stopped (after Attach(nil) or Close).
+func (e *tunEndpoint) Wait() { e.readers.Wait() }
+
+// ARPHardwareType implements stack.LinkEndpoint.
+func (*tunEndpoint) ARPHardwareType() header.ARPHardwareType { return header.ARPHardwareNone }
+
+// AddHeader implements stack.LinkEndpoint: there is no link header.
+func (*tunEndpoint) AddHeader(*stack.PacketBuffer) {}
+
+// ParseHeader implements stack.LinkEndpoint.
+func (*tunEndpoint) ParseHeader(*stack.PacketBuffer) bool { return true }
+
+// SetOnCloseAction implements stack.LinkEndpoint.
+func (e *tunEndpoint) SetOnCloseAction(f func()) {
+	e.mu.Lock()
+	e.onClose = f
+	e.mu.Unlock()
+}
+
+// Close implements stack.LinkEndpoint: the readers stop (a read deadline in
+// the past wakes them). The descriptors stay open until the Link closes
+// them, after the stack has stopped writing.
+func (e *tunEndpoint) Close() {
+	e.stopReaders()
+	e.mu.RLock()
+	f := e.onClose
+	e.mu.RUnlock()
+	if f != nil {
+		f()
+	}
+}
+
+func (e *tunEndpoint) stopReaders() {
+	e.stopOnce.Do(func() {
+		for _, q := range e.queues {
+			_ = q.f.SetReadDeadline(time.Unix(1, 0))
+		}
+	})
+}
+
+// read delivers the packets of one queue to the dispatcher until the queue
+// is closed or its read deadline passes.
+func (e *tunEndpoint) read(q tunQueue) {
+	defer e.readers.Done()
+	off := 0
+	if e.vnet {
+		off = vnetHdrLen
+	}
+	// The kernel hands over up to 64 KiB of packet after the header; a
+	// larger buffer would only hold what the gate drops as oversized.
+	buf := make([]byte, off+maxPacket)
+	for {
+		n, err := q.f.Read(buf)
+		if err != nil {
+			if errors.Is(err, os.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) {
+				return // Close
+			}
+			// Anything else (the device going away under us) is retried
+			// slowly rather than ending the reader for good.
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if n <= off {
+			continue
+		}
+		trusted := false
+		if e.vnet {
+			flags, gsoType := buf[0], buf[1]&^unix.VIRTIO_NET_HDR_GSO_ECN
+			switch gsoType {
+			case unix.VIRTIO_NET_HDR_GSO_NONE, unix.VIRTIO_NET_HDR_GSO_TCPV4, unix.VIRTIO_NET_HDR_GSO_TCPV6:
+			default:
+				e.unsupported.Add(1)
+				continue
+			}
+			trusted = flags&(unix.VIRTIO_NET_HDR_F_NEEDS_CSUM|unix.VIRTIO_NET_HDR_F_DATA_VALID) != 0
+		}
+		p := buf[off:n]
+		proto, ok := ipProtocol(p)
+		if !ok {
+			continue
+		}
+		e.mu.RLock()
+		d := e.dispatcher
+		e.mu.RUnlock()
+		if d == nil {
+			continue
+		}
+		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(p)})
+		// The gate reads this as "the kernel vouched for the checksum";
+		// the NIC sets it again for gVisor after the gate.
+		pkt.RXChecksumValidated = trusted
+		d.DeliverNetworkPacket(proto, pkt)
+		pkt.DecRef()
+	}
+}
+
+// WritePackets implements stack.LinkEndpoint: one writev per packet, on the
+// queue the packet's hash picks. A packet the device does not take (its
+// queue full) is dropped, as on any NIC.
+func (e *tunEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	var hdr [vnetHdrLen]byte
+	var iovArr [8][]byte
+	n := 0
+	for _, pkt := range pkts.AsSlice() {
+		q := e.queues[int(pkt.Hash%uint32(len(e.queues)))]
+		iov := iovArr[:0]
+		if e.vnet {
+			e.header(&hdr, pkt)
+			iov = append(iov, hdr[:])
+		}
+		iov = append(iov, pkt.AsSlices()...)
+		if _, err := unix.Writev(q.fd, iov); err != nil {
+			if n > 0 {
+				return n, nil
+			}
+			var errno unix.Errno
+			if errors.As(err, &errno) {
+				return 0, tcpip.TranslateErrno(errno)
+			}
+			return 0, &tcpip.ErrClosedForSend{}
+		}
+		n++
+	}
+	return n, nil
+}
+
+// header fills hdr for pkt: zero for a packet gVisor finished itself, or the
+// checksum to complete and the MSS to cut at for a host-GSO TCP segment
+// (virtio_net_hdr_to_skb's view: csum_start counts from the IP header, as a
+// TUN has no link header).
+func (e *tunEndpoint) header(hdr *[vnetHdrLen]byte, pkt *stack.PacketBuffer) {
+	*hdr = [vnetHdrLen]byte{}
+	gso := pkt.GSOOptions
+	if gso.Type == stack.GSONone {
+		return
+	}
+	le := binary.NativeEndian // a TUN without TUNSETVNETLE/BE uses the host's order
+	if gso.NeedsCsum {
+		hdr[0] = unix.VIRTIO_NET_HDR_F_NEEDS_CSUM
+		le.PutUint16(hdr[6:], gso.L3HdrLen)
+		le.PutUint16(hdr[8:], gso.CsumOffset)
+	}
+	if pkt.Data().Size() > int(gso.MSS) {
+		switch gso.Type {
+		case stack.GSOTCPv4:
+			hdr[1] = unix.VIRTIO_NET_HDR_GSO_TCPV4
+		case stack.GSOTCPv6:
+			hdr[1] = unix.VIRTIO_NET_HDR_GSO_TCPV6
+		}
+		le.PutUint16(hdr[2:], uint16(pkt.HeaderSize()))
+		le.PutUint16(hdr[4:], gso.MSS)
+	}
+}
+
+// openTUNQueue opens one queue of the device name, with virtio-net headers
+// and offloads when vnet is set.
+func openTUNQueue(name string, multiQueue, persistent, vnet bool) (tunQueue, string, error) {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return tunQueue{}, "", fmt.Errorf("opening /dev/net/tun: %w", err)
+	}
+	fail := func(what string, err error) (tunQueue, string, error) {
+		_ = unix.Close(fd)
+		return tunQueue{}, "", fmt.Errorf("%s: %w", what, err)
+	}
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return fail("device name", err)
+	}
+	flags := uint16(unix.IFF_TUN | unix.IFF_NO_PI)
+	if multiQueue {
+		flags |= unix.IFF_MULTI_QUEUE
+	}
+	if vnet {
+		flags |= unix.IFF_VNET_HDR
+	}
+	ifr.SetUint16(flags)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		return fail("TUNSETIFF", err)
+	}
+	if vnet {
+		if err := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tunOffloads); err != nil {
+			return fail("TUNSETOFFLOAD", err)
+		}
+	}
+	// Set on every open, either way, as water did: an existing device opened
+	// without persistent stops being persistent.
+	persist := 0
+	if persistent {
+		persist = 1
+	}
+	if err := unix.IoctlSetInt(fd, unix.TUNSETPERSIST, persist); err != nil {
+		return fail("TUNSETPERSIST", err)
+	}
+	return tunQueue{f: os.NewFile(uintptr(fd), "/dev/net/tun"), fd: fd}, ifr.Name(), nil
+}

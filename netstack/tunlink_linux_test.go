@@ -1,0 +1,66 @@
+package netstack
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+// The virtio-net header of each packet gVisor writes (struct virtio_net_hdr
+// in include/uapi/linux/virtio_net.h, in the host's byte order): nothing for
+// a packet gVisor finished; for a host-GSO TCP segment, the partial checksum
+// to complete from the TCP header on, and the MSS to cut at once the segment
+// is longer than one MSS. TestTUNOffloadsPodClient (integration) has the
+// kernel read them.
+func TestTUNVirtioHeader(t *testing.T) {
+	gso4 := stack.GSO{Type: stack.GSOTCPv4, NeedsCsum: true, CsumOffset: 16, MSS: 1460, L3HdrLen: 20, MaxSize: tunGSOMaxSize}
+	gso6 := gso4
+	gso6.Type, gso6.L3HdrLen = stack.GSOTCPv6, 40
+	type fields struct{ flags, gsoType, hdrLen, gsoSize, csumStart, csumOffset int }
+	for _, tc := range []struct {
+		name    string
+		gso     stack.GSO
+		l3, l4  int
+		payload int
+		want    fields
+	}{
+		{"finished by gVisor", stack.GSO{}, 20, 20, 3000, fields{}},
+		{"IPv4 super-segment", gso4, 20, 32, 3000, fields{1, 1, 52, 1460, 20, 16}},
+		{"IPv6 super-segment", gso6, 40, 32, 64000, fields{1, 4, 72, 1460, 40, 16}},
+		{"IPv4 segment of one MSS", gso4, 20, 20, 1460, fields{1, 0, 0, 0, 20, 16}},
+		{"pure ACK", gso4, 20, 32, 0, fields{1, 0, 0, 0, 20, 16}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{ReserveHeaderBytes: tc.l3 + tc.l4, Payload: buffer.MakeWithData(make([]byte, tc.payload))})
+			defer pkt.DecRef()
+			pkt.TransportHeader().Push(tc.l4)
+			pkt.NetworkHeader().Push(tc.l3)
+			pkt.NetworkProtocolNumber = header.IPv4ProtocolNumber
+			pkt.GSOOptions = tc.gso
+			e := newTUNEndpoint(nil, 65520, true)
+			var h [vnetHdrLen]byte
+			e.header(&h, pkt)
+			u := binary.NativeEndian.Uint16
+			got := fields{int(h[0]), int(h[1]), int(u(h[2:])), int(u(h[4:])), int(u(h[6:])), int(u(h[8:]))}
+			if got != tc.want {
+				t.Errorf("header %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// A device without virtio-net headers offers gVisor no GSO, so its packets
+// are MTU-sized and finished (checksummed) by gVisor.
+func TestTUNPlainModeOffersNoGSO(t *testing.T) {
+	e := newTUNEndpoint(nil, 1500, false)
+	if e.SupportedGSO() != stack.GSONotSupported || e.GSOMaxSize() != 0 {
+		t.Errorf("plain mode: SupportedGSO %v, GSOMaxSize %d; want none", e.SupportedGSO(), e.GSOMaxSize())
+	}
+	e = newTUNEndpoint(nil, 1500, true)
+	if e.SupportedGSO() != stack.HostGSOSupported || e.GSOMaxSize() != tunGSOMaxSize {
+		t.Errorf("offload mode: SupportedGSO %v, GSOMaxSize %d; want host GSO of %d", e.SupportedGSO(), e.GSOMaxSize(), tunGSOMaxSize)
+	}
+}

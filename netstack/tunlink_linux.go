@@ -27,12 +27,12 @@ package netstack
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/buffer"
@@ -55,10 +55,10 @@ const tunGSOMaxSize = 65536
 // cuts those before the TUN.
 const tunOffloads = unix.TUN_F_CSUM | unix.TUN_F_TSO4 | unix.TUN_F_TSO6
 
-// tunQueue is one queue of the device.
+// tunQueue is one queue of the device: a non-blocking descriptor, read and
+// written with raw system calls, polled with ppoll(2) (see read).
 type tunQueue struct {
-	f  *os.File // in the runtime poller; reads park there
-	fd int      // the same descriptor, for writev
+	fd int
 }
 
 // tunEndpoint implements stack.LinkEndpoint over the queues of one device.
@@ -78,13 +78,14 @@ type tunEndpoint struct {
 
 	readers  sync.WaitGroup
 	stopOnce sync.Once
+	stopFD   int // an eventfd that wakes the readers to stop; -1 for none
 }
 
 var _ stack.LinkEndpoint = (*tunEndpoint)(nil)
 var _ stack.GSOEndpoint = (*tunEndpoint)(nil)
 
-func newTUNEndpoint(queues []tunQueue, mtu uint32, vnet bool) *tunEndpoint {
-	e := &tunEndpoint{queues: queues, vnet: vnet}
+func newTUNEndpoint(queues []tunQueue, mtu uint32, vnet bool, stopFD int) *tunEndpoint {
+	e := &tunEndpoint{queues: queues, vnet: vnet, stopFD: stopFD}
 	e.mtu.Store(mtu)
 	return e
 }
@@ -179,9 +180,8 @@ func (e *tunEndpoint) SetOnCloseAction(f func()) {
 	e.mu.Unlock()
 }
 
-// Close implements stack.LinkEndpoint: the readers stop (a read deadline in
-// the past wakes them). The descriptors stay open until the Link closes
-// them, after the stack has stopped writing.
+// Close implements stack.LinkEndpoint: the readers stop. The descriptors
+// stay open until the Link closes them, after the stack has stopped writing.
 func (e *tunEndpoint) Close() {
 	e.stopReaders()
 	e.mu.RLock()
@@ -194,14 +194,37 @@ func (e *tunEndpoint) Close() {
 
 func (e *tunEndpoint) stopReaders() {
 	e.stopOnce.Do(func() {
-		for _, q := range e.queues {
-			_ = q.f.SetReadDeadline(time.Unix(1, 0))
+		if e.stopFD >= 0 {
+			var one [8]byte
+			binary.NativeEndian.PutUint64(one[:], 1)
+			_, _ = unix.Write(e.stopFD, one[:])
 		}
 	})
 }
 
-// read delivers the packets of one queue to the dispatcher until the queue
-// is closed or its read deadline passes.
+// waitReadable blocks in ppoll(2) until fd has a packet (true) or the
+// readers are stopped (false). It is a plain system call: the runtime hands
+// the P to other goroutines while it blocks.
+func (e *tunEndpoint) waitReadable(fd int) bool {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(e.stopFD), Events: unix.POLLIN}}
+	_, _ = unix.Ppoll(fds, nil, nil) // EINTR or a spurious wake-up: the read says
+	return fds[1].Revents == 0
+}
+
+// readRaw reads one packet with read(2) without telling the scheduler: the
+// descriptor is non-blocking, so the call never blocks; waitReadable does the
+// blocking.
+func readRaw(fd int, buf []byte) (int, unix.Errno) {
+	n, _, errno := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
+	return int(n), errno
+}
+
+// read delivers the packets of one queue to the dispatcher, each on this
+// goroutine, until the readers are stopped: raw reads until the queue is
+// empty, then ppoll, as gVisor's fdbased dispatcher does. Parking in the
+// runtime's poller instead (an os.File Read) was measured worse: gVisor's TCP
+// processor goroutines then spun on endpoints locked elsewhere for 43-67% of
+// the CPU of the connect cell (BENCHMARKS.md).
 func (e *tunEndpoint) read(q tunQueue) {
 	defer e.readers.Done()
 	off := 0
@@ -212,14 +235,23 @@ func (e *tunEndpoint) read(q tunQueue) {
 	// larger buffer would only hold what the gate drops as oversized.
 	buf := make([]byte, off+maxPacket)
 	for {
-		n, err := q.f.Read(buf)
-		if err != nil {
-			if errors.Is(err, os.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) {
-				return // Close
+		n, errno := readRaw(q.fd, buf)
+		switch errno {
+		case 0:
+		case unix.EAGAIN:
+			if !e.waitReadable(q.fd) {
+				return // stopped
 			}
+			continue
+		case unix.EINTR:
+			continue
+		default:
 			// Anything else (the device going away under us) is retried
 			// slowly rather than ending the reader for good.
 			time.Sleep(time.Millisecond)
+			if !e.waitReadable(q.fd) {
+				return
+			}
 			continue
 		}
 		if n <= off {
@@ -271,15 +303,11 @@ func (e *tunEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Erro
 			iov = append(iov, hdr[:])
 		}
 		iov = append(iov, pkt.AsSlices()...)
-		if _, err := unix.Writev(q.fd, iov); err != nil {
+		if errno := writevRaw(q.fd, iov); errno != 0 {
 			if n > 0 {
 				return n, nil
 			}
-			var errno unix.Errno
-			if errors.As(err, &errno) {
-				return 0, tcpip.TranslateErrno(errno)
-			}
-			return 0, &tcpip.ErrClosedForSend{}
+			return 0, tcpip.TranslateErrno(errno)
 		}
 		n++
 	}
@@ -312,6 +340,34 @@ func (e *tunEndpoint) header(hdr *[vnetHdrLen]byte, pkt *stack.PacketBuffer) {
 		le.PutUint16(hdr[2:], uint16(pkt.HeaderSize()))
 		le.PutUint16(hdr[4:], gso.MSS)
 	}
+}
+
+// writevRaw writes the slices as one packet with writev(2), without telling
+// the scheduler (RawSyscall, as gVisor's fdbased does): the descriptor is
+// non-blocking and a TUN write does not block. A plain system call lets the
+// runtime hand the P away while the kernel delivers the packet, and gVisor
+// writes a SYN-ACK holding the new endpoint's lock: the client's ACK then
+// came back through the TUN before the writer could run again to unlock it,
+// and gVisor's TCP processor spun on the locked endpoint (the connect cell:
+// 66% of the CPU in that loop with a plain write, 43% with a raw write and
+// the runtime's poller for reads, none with raw reads too; BENCHMARKS.md).
+func writevRaw(fd int, bufs [][]byte) unix.Errno {
+	var arr [9]unix.Iovec
+	iovs := arr[:0]
+	for _, b := range bufs {
+		if len(b) == 0 {
+			continue
+		}
+		v := unix.Iovec{Base: &b[0]}
+		v.SetLen(len(b))
+		iovs = append(iovs, v)
+	}
+	if len(iovs) == 0 {
+		return 0
+	}
+	_, _, errno := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iovs[0])), uintptr(len(iovs)))
+	runtime.KeepAlive(bufs)
+	return errno
 }
 
 // openTUNQueue opens one queue of the device name, with virtio-net headers
@@ -354,5 +410,5 @@ func openTUNQueue(name string, multiQueue, persistent, vnet bool) (tunQueue, str
 	if err := unix.IoctlSetInt(fd, unix.TUNSETPERSIST, persist); err != nil {
 		return fail("TUNSETPERSIST", err)
 	}
-	return tunQueue{f: os.NewFile(uintptr(fd), "/dev/net/tun"), fd: fd}, ifr.Name(), nil
+	return tunQueue{fd: fd}, ifr.Name(), nil
 }

@@ -186,7 +186,7 @@ func (h *harness) runCell(cl cell, p path, rep int) (sample, error) {
 	}
 	var prof *proc
 	if p.ours && rep == 0 && h.o.profile != "" {
-		prof = h.startProfile(cl.name)
+		prof = h.startProfile(p.name + " " + cl.name) // each of our rows has its own
 	}
 	var cpu0 float64
 	if p.pid != 0 {
@@ -311,7 +311,7 @@ func median(ss []sample, p99 bool) float64 {
 }
 
 // startProfile asks userproxy for a CPU profile as long as a cell, saved
-// as <profile dir>/<cell>.pprof.
+// as <profile dir>/<row and cell>.pprof.
 func (h *harness) startProfile(cell string) *proc {
 	name := strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {

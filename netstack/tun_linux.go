@@ -3,8 +3,6 @@ package netstack
 import (
 	"errors"
 	"fmt"
-
-	"golang.org/x/sys/unix"
 )
 
 // OpenTUN opens the TUN device opts.Name, one descriptor per queue, and
@@ -35,21 +33,12 @@ func OpenTUN(opts TUNOptions) (*Link, error) {
 	if err != nil {
 		return nil, err
 	}
-	stopFD, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		for _, q := range queues {
-			_ = unix.Close(q.fd)
-		}
-		return nil, fmt.Errorf("TUN device %q: eventfd: %w", name, err)
-	}
-	ep := newTUNEndpoint(queues, opts.MTU, offloadErr == nil && !opts.NoOffload, stopFD)
+	ep := newTUNEndpoint(queues, opts.MTU, offloadErr == nil && !opts.NoOffload)
 	closeAll := func() error {
-		// The readers stop before their descriptors close under them.
 		ep.stopReaders()
-		ep.readers.Wait()
-		errs := []error{unix.Close(stopFD)}
+		var errs []error
 		for _, q := range queues {
-			errs = append(errs, unix.Close(q.fd))
+			errs = append(errs, q.f.Close())
 		}
 		return errors.Join(errs...)
 	}
@@ -70,7 +59,7 @@ func openTUNQueues(opts TUNOptions, vnet bool) ([]tunQueue, string, error) {
 		q, got, err := openTUNQueue(name, opts.Queues > 1, opts.Persistent, vnet)
 		if err != nil {
 			for _, q := range queues {
-				_ = unix.Close(q.fd)
+				_ = q.f.Close()
 			}
 			return nil, "", fmt.Errorf("opening TUN device %q: %w", opts.Name, err)
 		}

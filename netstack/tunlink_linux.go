@@ -27,7 +27,9 @@ package netstack
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -55,10 +57,10 @@ const tunGSOMaxSize = 65536
 // cuts those before the TUN.
 const tunOffloads = unix.TUN_F_CSUM | unix.TUN_F_TSO4 | unix.TUN_F_TSO6
 
-// tunQueue is one queue of the device: a non-blocking descriptor, read and
-// written with raw system calls, polled with ppoll(2) (see read).
+// tunQueue is one queue of the device.
 type tunQueue struct {
-	fd int
+	f  *os.File // in the runtime poller; reads park there
+	fd int      // the same descriptor, for writev
 }
 
 // tunEndpoint implements stack.LinkEndpoint over the queues of one device.
@@ -78,14 +80,13 @@ type tunEndpoint struct {
 
 	readers  sync.WaitGroup
 	stopOnce sync.Once
-	stopFD   int // an eventfd that wakes the readers to stop; -1 for none
 }
 
 var _ stack.LinkEndpoint = (*tunEndpoint)(nil)
 var _ stack.GSOEndpoint = (*tunEndpoint)(nil)
 
-func newTUNEndpoint(queues []tunQueue, mtu uint32, vnet bool, stopFD int) *tunEndpoint {
-	e := &tunEndpoint{queues: queues, vnet: vnet, stopFD: stopFD}
+func newTUNEndpoint(queues []tunQueue, mtu uint32, vnet bool) *tunEndpoint {
+	e := &tunEndpoint{queues: queues, vnet: vnet}
 	e.mtu.Store(mtu)
 	return e
 }
@@ -180,8 +181,9 @@ func (e *tunEndpoint) SetOnCloseAction(f func()) {
 	e.mu.Unlock()
 }
 
-// Close implements stack.LinkEndpoint: the readers stop. The descriptors
-// stay open until the Link closes them, after the stack has stopped writing.
+// Close implements stack.LinkEndpoint: the readers stop (a read deadline in
+// the past wakes them). The descriptors stay open until the Link closes
+// them, after the stack has stopped writing.
 func (e *tunEndpoint) Close() {
 	e.stopReaders()
 	e.mu.RLock()
@@ -194,37 +196,14 @@ func (e *tunEndpoint) Close() {
 
 func (e *tunEndpoint) stopReaders() {
 	e.stopOnce.Do(func() {
-		if e.stopFD >= 0 {
-			var one [8]byte
-			binary.NativeEndian.PutUint64(one[:], 1)
-			_, _ = unix.Write(e.stopFD, one[:])
+		for _, q := range e.queues {
+			_ = q.f.SetReadDeadline(time.Unix(1, 0))
 		}
 	})
 }
 
-// waitReadable blocks in ppoll(2) until fd has a packet (true) or the
-// readers are stopped (false). It is a plain system call: the runtime hands
-// the P to other goroutines while it blocks.
-func (e *tunEndpoint) waitReadable(fd int) bool {
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(e.stopFD), Events: unix.POLLIN}}
-	_, _ = unix.Ppoll(fds, nil, nil) // EINTR or a spurious wake-up: the read says
-	return fds[1].Revents == 0
-}
-
-// readRaw reads one packet with read(2) without telling the scheduler: the
-// descriptor is non-blocking, so the call never blocks; waitReadable does the
-// blocking.
-func readRaw(fd int, buf []byte) (int, unix.Errno) {
-	n, _, errno := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
-	return int(n), errno
-}
-
-// read delivers the packets of one queue to the dispatcher, each on this
-// goroutine, until the readers are stopped: raw reads until the queue is
-// empty, then ppoll, as gVisor's fdbased dispatcher does. Parking in the
-// runtime's poller instead (an os.File Read) was measured worse: gVisor's TCP
-// processor goroutines then spun on endpoints locked elsewhere for 43-67% of
-// the CPU of the connect cell (BENCHMARKS.md).
+// read delivers the packets of one queue to the dispatcher until the queue
+// is closed or its read deadline passes.
 func (e *tunEndpoint) read(q tunQueue) {
 	defer e.readers.Done()
 	off := 0
@@ -235,23 +214,14 @@ func (e *tunEndpoint) read(q tunQueue) {
 	// larger buffer would only hold what the gate drops as oversized.
 	buf := make([]byte, off+maxPacket)
 	for {
-		n, errno := readRaw(q.fd, buf)
-		switch errno {
-		case 0:
-		case unix.EAGAIN:
-			if !e.waitReadable(q.fd) {
-				return // stopped
+		n, err := q.f.Read(buf)
+		if err != nil {
+			if errors.Is(err, os.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) {
+				return // Close
 			}
-			continue
-		case unix.EINTR:
-			continue
-		default:
 			// Anything else (the device going away under us) is retried
 			// slowly rather than ending the reader for good.
 			time.Sleep(time.Millisecond)
-			if !e.waitReadable(q.fd) {
-				return
-			}
 			continue
 		}
 		if n <= off {
@@ -410,5 +380,5 @@ func openTUNQueue(name string, multiQueue, persistent, vnet bool) (tunQueue, str
 	if err := unix.IoctlSetInt(fd, unix.TUNSETPERSIST, persist); err != nil {
 		return fail("TUNSETPERSIST", err)
 	}
-	return tunQueue{fd: fd}, ifr.Name(), nil
+	return tunQueue{f: os.NewFile(uintptr(fd), "/dev/net/tun"), fd: fd}, ifr.Name(), nil
 }

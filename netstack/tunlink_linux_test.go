@@ -40,7 +40,7 @@ func TestTUNVirtioHeader(t *testing.T) {
 			pkt.NetworkHeader().Push(tc.l3)
 			pkt.NetworkProtocolNumber = header.IPv4ProtocolNumber
 			pkt.GSOOptions = tc.gso
-			e := newTUNEndpoint(nil, 65520, true, -1)
+			e := newTUNEndpoint(nil, 65520, true)
 			var h [vnetHdrLen]byte
 			e.header(&h, pkt)
 			u := binary.NativeEndian.Uint16
@@ -55,11 +55,11 @@ func TestTUNVirtioHeader(t *testing.T) {
 // A device without virtio-net headers offers gVisor no GSO, so its packets
 // are MTU-sized and finished (checksummed) by gVisor.
 func TestTUNPlainModeOffersNoGSO(t *testing.T) {
-	e := newTUNEndpoint(nil, 1500, false, -1)
+	e := newTUNEndpoint(nil, 1500, false)
 	if e.SupportedGSO() != stack.GSONotSupported || e.GSOMaxSize() != 0 {
 		t.Errorf("plain mode: SupportedGSO %v, GSOMaxSize %d; want none", e.SupportedGSO(), e.GSOMaxSize())
 	}
-	e = newTUNEndpoint(nil, 1500, true, -1)
+	e = newTUNEndpoint(nil, 1500, true)
 	if e.SupportedGSO() != stack.HostGSOSupported || e.GSOMaxSize() != tunGSOMaxSize {
 		t.Errorf("offload mode: SupportedGSO %v, GSOMaxSize %d; want host GSO of %d", e.SupportedGSO(), e.GSOMaxSize(), tunGSOMaxSize)
 	}

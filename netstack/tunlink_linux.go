@@ -202,8 +202,11 @@ func (e *tunEndpoint) stopReaders() {
 	})
 }
 
-// read delivers the packets of one queue to the dispatcher until the queue
-// is closed or its read deadline passes.
+// read delivers the packets of one queue to the dispatcher, each on this
+// goroutine, until the queue is closed or its read deadline passes. It parks
+// in the runtime's poller between packets. Reading as fdbased does (raw reads,
+// blocking in ppoll) ends the spin described at writevRaw, but interleaved
+// runs put it behind on conn/s, RR and UDP (BENCHMARKS.md, tuning log).
 func (e *tunEndpoint) read(q tunQueue) {
 	defer e.readers.Done()
 	off := 0
@@ -314,13 +317,13 @@ func (e *tunEndpoint) header(hdr *[vnetHdrLen]byte, pkt *stack.PacketBuffer) {
 
 // writevRaw writes the slices as one packet with writev(2), without telling
 // the scheduler (RawSyscall, as gVisor's fdbased does): the descriptor is
-// non-blocking and a TUN write does not block. A plain system call lets the
-// runtime hand the P away while the kernel delivers the packet, and gVisor
-// writes a SYN-ACK holding the new endpoint's lock: the client's ACK then
-// came back through the TUN before the writer could run again to unlock it,
-// and gVisor's TCP processor spun on the locked endpoint (the connect cell:
-// 66% of the CPU in that loop with a plain write, 43% with a raw write and
-// the runtime's poller for reads, none with raw reads too; BENCHMARKS.md).
+// non-blocking and a TUN write does not block. With a plain system call the
+// runtime may hand the P away while the kernel delivers the packet; gVisor
+// writes a SYN-ACK holding the new endpoint's lock, the client's ACK comes
+// back through the TUN before the writer runs again to unlock it, and
+// gVisor's TCP processor spins on the locked endpoint meanwhile (the connect
+// cell's profile: 66% of the CPU in that loop with a plain write, 43% with
+// this one; BENCHMARKS.md).
 func writevRaw(fd int, bufs [][]byte) unix.Errno {
 	var arr [9]unix.Iovec
 	iovs := arr[:0]

@@ -96,12 +96,8 @@ const podVethMTU = 1500
 // packets as conntrack counted them at the gate.
 func offloadUpload(t *testing.T, cl *nsClient, ct *conntrack.Table, svc string) uint64 {
 	t.Helper()
-	c, err := cl.dial("tcp", net.JoinHostPort(svc, "80"))
-	if err != nil {
-		t.Fatalf("dial %s: %v", svc, err)
-	}
+	c := dialBulk(t, cl, svc)
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
 	hs := sha256.New()
 	if _, err := io.Copy(io.MultiWriter(c, hs), io.LimitReader(patternReader(1), offloadBytes)); err != nil {
 		t.Fatalf("upload to %s: %v", svc, err)
@@ -121,12 +117,8 @@ func offloadUpload(t *testing.T, cl *nsClient, ct *conntrack.Table, svc string) 
 // them, and returns the mean size of the flow's Reply-direction packets.
 func offloadDownload(t *testing.T, cl *nsClient, ct *conntrack.Table, svc string) uint64 {
 	t.Helper()
-	c, err := cl.dial("tcp", net.JoinHostPort(svc, "80"))
-	if err != nil {
-		t.Fatalf("dial %s: %v", svc, err)
-	}
+	c := dialBulk(t, cl, svc)
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
 	const seed = 7
 	if _, err := c.Write(binary.BigEndian.AppendUint64(nil, seed)); err != nil {
 		t.Fatal(err)
@@ -140,6 +132,18 @@ func offloadDownload(t *testing.T, cl *nsClient, ct *conntrack.Table, svc string
 	}
 	e := flowEntry(t, ct, c)
 	return e.Bytes[conntrack.Reply] / max(e.Packets[conntrack.Reply], 1)
+}
+
+// dialBulk connects to svc:80 from the pod, with a deadline far beyond what
+// a transfer takes, so that a broken path fails the test instead of hanging.
+func dialBulk(t *testing.T, cl *nsClient, svc string) net.Conn {
+	t.Helper()
+	c, err := cl.dial("tcp", net.JoinHostPort(svc, "80"))
+	if err != nil {
+		t.Fatalf("dial %s: %v", svc, err)
+	}
+	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+	return c
 }
 
 // flowEntry returns the conntrack entry of the client connection c.
@@ -235,7 +239,7 @@ func addrsUp(name string, addrs ...string) error {
 	}
 	for _, a := range addrs {
 		p := netip.MustParsePrefix(a)
-		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}, Flags: unix.IFA_F_NODAD}); err != nil {
+		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: prefixNet(p), Flags: unix.IFA_F_NODAD}); err != nil {
 			return fmt.Errorf("%s on %s: %w", a, name, err)
 		}
 	}

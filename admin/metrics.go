@@ -483,7 +483,7 @@ func gateGroup(snap func() GateStats) metricGroup {
 			func(s *GateStats) float64 { return float64(s.TCPInFlight) }),
 		counter(own("gate_oversized_packets_total"), "Packets dropped for being larger than 64 KiB.",
 			func(s *GateStats) uint64 { return s.Oversized }),
-		counter(own("gate_link_unsupported_packets_total"), "Packets the TUN handed over with a virtio-net header asking for an offload the link did not offer (dropped).",
+		counter(own("gate_link_unsupported_packets_total"), "Packets the TUN handed over that the link dropped unread: a virtio-net header asking for an offload it did not offer, or longer than 64 KiB.",
 			func(s *GateStats) uint64 { return s.LinkUnsupported }),
 		counter(own("gate_handler_panics_total"), "Flow handler panics the stack recovered from.",
 			func(s *GateStats) uint64 { return s.HandlerPanics }),

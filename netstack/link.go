@@ -32,6 +32,11 @@ type Link struct {
 	OffloadRefused error
 
 	unsupported *atomic.Uint64 // packets the link dropped unread (Stats.LinkUnsupported)
+	// stopReads, when set, stops the link's readers and waits for them;
+	// Stack.Close calls it before gVisor's Wait, which holds the stack's
+	// lock while it waits for the link: a reader inside gVisor then could
+	// wait for that lock forever.
+	stopReads func()
 }
 
 // Name returns the device name, or a description for in-memory links.

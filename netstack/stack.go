@@ -367,9 +367,9 @@ type Stats struct {
 	Accepted uint64
 	// Oversized packets dropped (larger than 64 KiB).
 	Oversized uint64
-	// LinkUnsupported counts packets the TUN handed over with a virtio-net
-	// header the link did not offer to take (a GSO type other than TCP's);
-	// they are dropped unread.
+	// LinkUnsupported counts packets the TUN handed over that the link drops
+	// unread: a virtio-net header asking for an offload it did not offer (a
+	// GSO type other than TCP's), or a packet longer than 64 KiB.
 	LinkUnsupported uint64
 	// TCPInFlight is the number of TCP handshakes waiting for the handler;
 	// InFlightLimited counts SYNs dropped by the global or per-client limit.
@@ -446,6 +446,9 @@ func (st *Stack) Close() {
 			st.s.Close()
 		}
 		st.handlers.Wait()
+		if st.link.stopReads != nil {
+			st.link.stopReads()
+		}
 		if st.s != nil {
 			st.s.Wait()
 		}

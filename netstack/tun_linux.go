@@ -35,6 +35,7 @@ func OpenTUN(opts TUNOptions) (*Link, error) {
 	}
 	ep := newTUNEndpoint(queues, opts.MTU, offloadErr == nil && !opts.NoOffload)
 	closeAll := func() error {
+		ep.closed.Store(true)
 		ep.stopReaders()
 		var errs []error
 		for _, q := range queues {
@@ -42,7 +43,8 @@ func OpenTUN(opts TUNOptions) (*Link, error) {
 		}
 		return errors.Join(errs...)
 	}
-	l := &Link{ep: ep, name: name, close: closeAll, unsupported: &ep.unsupported}
+	l := &Link{ep: ep, name: name, close: closeAll, unsupported: &ep.unsupported,
+		stopReads: func() { ep.stopReaders(); ep.readers.Wait() }}
 	l.Offload = ep.vnet
 	if offloadErr != nil {
 		l.OffloadRefused = offloadErr

@@ -43,6 +43,10 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
+// maxWriteViews is the most slices of one packet WritePackets hands to
+// writev; a packet in more is copied into one buffer first.
+const maxWriteViews = 64
+
 // vnetHdrLen is the size of struct virtio_net_hdr, the TUN's default
 // (TUNSETVNETHDRSZ unset).
 const vnetHdrLen = 10
@@ -80,6 +84,7 @@ type tunEndpoint struct {
 
 	readers  sync.WaitGroup
 	stopOnce sync.Once
+	closed   atomic.Bool // the descriptors are closed (or closing): no more writes
 }
 
 var _ stack.LinkEndpoint = (*tunEndpoint)(nil)
@@ -224,10 +229,16 @@ func (e *tunEndpoint) read(q tunQueue) {
 			}
 			// Anything else (the device going away under us) is retried
 			// slowly rather than ending the reader for good.
-			time.Sleep(time.Millisecond)
+			time.Sleep(10 * time.Millisecond)
 			continue
 		}
 		if n <= off {
+			continue
+		}
+		if n > len(buf) {
+			// tun_put_user returns the whole length of a packet it cut to
+			// the buffer: one over 64 KiB (a BIG TCP skb) is dropped.
+			e.unsupported.Add(1)
 			continue
 		}
 		trusted := false
@@ -275,7 +286,18 @@ func (e *tunEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Erro
 			e.header(&hdr, pkt)
 			iov = append(iov, hdr[:])
 		}
-		iov = append(iov, pkt.AsSlices()...)
+		if views := pkt.AsSlices(); len(views) <= maxWriteViews {
+			iov = append(iov, views...)
+		} else {
+			// gVisor merges queued writes into one segment, a view each:
+			// more than writev takes (UIO_MAXIOV) are copied into one.
+			bp := packetPool.Get().(*[]byte)
+			iov = append(iov, appendPacket((*bp)[:0], pkt))
+			defer packetPool.Put(bp)
+		}
+		if e.closed.Load() {
+			return n, &tcpip.ErrClosedForSend{}
+		}
 		if errno := writevRaw(q.fd, iov); errno != 0 {
 			if n > 0 {
 				return n, nil
@@ -369,10 +391,18 @@ func openTUNQueue(name string, multiQueue, persistent, vnet bool) (tunQueue, str
 	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
 		return fail("TUNSETIFF", err)
 	}
+	// A persistent device keeps its offloads and header size from the last
+	// open (tun_set_iff resets only the flags): set both either way, or a
+	// plain-mode reader would get super-packets with partial checksums.
 	if vnet {
+		if err := unix.IoctlSetInt(fd, unix.TUNSETVNETHDRSZ, vnetHdrLen); err != nil {
+			return fail("TUNSETVNETHDRSZ", err)
+		}
 		if err := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tunOffloads); err != nil {
 			return fail("TUNSETOFFLOAD", err)
 		}
+	} else if err := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOTTY) {
+		return fail("TUNSETOFFLOAD 0", err)
 	}
 	// Set on every open, either way, as water did: an existing device opened
 	// without persistent stops being persistent.

@@ -1,8 +1,11 @@
 package netstack
 
 import (
+	"bytes"
 	"encoding/binary"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -62,5 +65,53 @@ func TestTUNPlainModeOffersNoGSO(t *testing.T) {
 	e = newTUNEndpoint(nil, 1500, true)
 	if e.SupportedGSO() != stack.HostGSOSupported || e.GSOMaxSize() != tunGSOMaxSize {
 		t.Errorf("offload mode: SupportedGSO %v, GSOMaxSize %d; want host GSO of %d", e.SupportedGSO(), e.GSOMaxSize(), tunGSOMaxSize)
+	}
+}
+
+// A packet in more views than writev takes at once (gVisor merges queued
+// writes into one segment, a view each) is written whole, after its header.
+func TestTUNWriteManyViews(t *testing.T) {
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	e := newTUNEndpoint([]tunQueue{{fd: fds[1]}}, 65520, true)
+	// Views that share one chunk, as gVisor's clones do, are never merged.
+	const views, size = 1100, 7 // more than UIO_MAXIOV (1024)
+	var want []byte
+	for i := range views {
+		want = append(want, bytes.Repeat([]byte{byte(i)}, size)...)
+	}
+	base := buffer.NewViewWithData(want)
+	defer base.Release()
+	var payload buffer.Buffer
+	for i := range views {
+		v := base.Clone()
+		v.TrimFront(i * size)
+		v.CapLength(size)
+		if err := payload.Append(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: payload})
+	defer pkt.DecRef()
+	if n := len(pkt.AsSlices()); n <= 1024 {
+		t.Fatalf("the packet is in %d views; the test wants more than UIO_MAXIOV", n)
+	}
+	var pl stack.PacketBufferList
+	pl.PushBack(pkt.IncRef())
+	defer pl.DecRef()
+	if n, err := e.WritePackets(pl); n != 1 || err != nil {
+		t.Fatalf("WritePackets: %d, %v", n, err)
+	}
+	got := make([]byte, 2*len(want))
+	n, err := unix.Read(fds[0], got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != vnetHdrLen+len(want) || !bytes.Equal(got[vnetHdrLen:n], want) {
+		t.Fatalf("read %d bytes, want the %d-byte header and the %d-byte packet", n, vnetHdrLen, len(want))
 	}
 }

@@ -395,7 +395,7 @@ func openTUNQueue(name string, multiQueue, persistent, vnet bool) (tunQueue, str
 	// open (tun_set_iff resets only the flags): set both either way, or a
 	// plain-mode reader would get super-packets with partial checksums.
 	if vnet {
-		if err := unix.IoctlSetInt(fd, unix.TUNSETVNETHDRSZ, vnetHdrLen); err != nil {
+		if err := unix.IoctlSetPointerInt(fd, unix.TUNSETVNETHDRSZ, vnetHdrLen); err != nil {
 			return fail("TUNSETVNETHDRSZ", err)
 		}
 		if err := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tunOffloads); err != nil {

@@ -136,6 +136,9 @@ type harness struct {
 	proxy    *proc
 	peers    []*peer
 	failures []string
+	// iperfBusy counts the iperf3 runs the server refused as busy and the
+	// harness retried (printed under the datapath table).
+	iperfBusy int
 }
 
 // The services of the datapath cells.

@@ -181,3 +181,41 @@ func TestConntrackSeedIsRandom(t *testing.T) {
 		t.Error("New accepted an OnRemove of its own: the proxy's teardown would never run")
 	}
 }
+
+// At most maxBulkBuffers 1 MiB copy buffers are out at once: flows whose
+// clients stopped reading cannot pin more, and the budget comes back as
+// buffers are returned.
+func TestBulkBufferBudget(t *testing.T) {
+	if n := bulkInUse.Load(); n != 0 {
+		t.Fatalf("%d bulk buffers out before the test", n)
+	}
+	var got []*[]byte
+	for {
+		bp := takeBulk()
+		if bp == nil {
+			break
+		}
+		if len(*bp) != bulkBuf {
+			t.Fatalf("bulk buffer of %d bytes", len(*bp))
+		}
+		got = append(got, bp)
+		if len(got) > maxBulkBuffers {
+			t.Fatalf("more than %d bulk buffers handed out", maxBulkBuffers)
+		}
+	}
+	if len(got) != maxBulkBuffers {
+		t.Fatalf("%d bulk buffers handed out, want %d", len(got), maxBulkBuffers)
+	}
+	putBulk(got[0])
+	if bp := takeBulk(); bp == nil {
+		t.Fatal("no bulk buffer after one was returned")
+	} else {
+		got[0] = bp
+	}
+	for _, bp := range got {
+		putBulk(bp)
+	}
+	if n := bulkInUse.Load(); n != 0 {
+		t.Fatalf("%d bulk buffers out after all were returned", n)
+	}
+}

@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	v1 "k8s.io/api/core/v1"
@@ -190,6 +193,13 @@ func TestBulkBufferBudget(t *testing.T) {
 		t.Fatalf("%d bulk buffers out before the test", n)
 	}
 	var got []*[]byte
+	t.Cleanup(func() { // what a failure left out
+		for _, bp := range got {
+			if bp != nil {
+				putBulk(bp)
+			}
+		}
+	})
 	for {
 		bp := takeBulk()
 		if bp == nil {
@@ -215,7 +225,52 @@ func TestBulkBufferBudget(t *testing.T) {
 	for _, bp := range got {
 		putBulk(bp)
 	}
+	got = nil
 	if n := bulkInUse.Load(); n != 0 {
 		t.Fatalf("%d bulk buffers out after all were returned", n)
 	}
+}
+
+// A direction takes a bulk buffer when a read fills the small one, and gives
+// it back as soon as a read does not fill the big one: a flow that goes
+// quiet after a burst waits for its next bytes with the small buffer, while
+// the flow stays open. The burst arrives in one piece over a pipe, so each
+// read returns what one write sent.
+func TestBulkBufferReturnedWhenIdle(t *testing.T) {
+	if n := bulkInUse.Load(); n != 0 {
+		t.Fatalf("%d bulk buffers out before the test", n)
+	}
+	srcR, srcW := net.Pipe()
+	dstR, dstW := net.Pipe()
+	s := &splice{client: dstW, backend: srcR, proxy: &Proxy{}}
+	done := make(chan error, 1)
+	go func() { done <- s.copy(dstW, srcR, 1) }()
+	defer func() {
+		_ = srcW.Close()
+		_ = dstR.Close()
+		<-done
+	}()
+	go func() { _, _ = io.Copy(io.Discard, dstR) }()
+
+	send := func(n int) {
+		t.Helper()
+		if _, err := srcW.Write(make([]byte, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitBulk := func(want int64, what string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for bulkInUse.Load() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d bulk buffers out, want %d", what, bulkInUse.Load(), want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	send(smallBuf) // fills the small buffer
+	waitBulk(1, "after a read that filled the small buffer")
+	send(bulkBuf) // fills the big one: it stays
+	send(smallBuf + 1)
+	waitBulk(0, "idle after a burst's last read of more than the small buffer")
 }

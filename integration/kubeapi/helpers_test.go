@@ -1,6 +1,7 @@
 package kubeapi_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -31,7 +33,40 @@ import (
 	"github.com/userproxy/userproxy/source/kube"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain checks for leaked goroutines once the tests pass, as
+// goleak.VerifyTestMain does, but first gives spdystream's connection
+// shutdowns up to spdyShutdownWait to end. spdystream's Close waits, with no
+// timeout of its own, until the peer has ended every stream; a tunnel
+// closed at the end of a test waits so for the API server to close the
+// connection, which CI once saw take longer than goleak's own retries
+// (about 2 s). A shutdown still running after spdyShutdownWait fails.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		waitForSPDYShutdowns(spdyShutdownWait)
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+const spdyShutdownWait = 15 * time.Second
+
+// waitForSPDYShutdowns returns once no goroutine runs spdystream's
+// Connection.shutdown, or after d.
+func waitForSPDYShutdowns(d time.Duration) {
+	deadline := time.Now().Add(d)
+	buf := make([]byte, 1<<20)
+	for time.Now().Before(deadline) {
+		n := runtime.Stack(buf, true)
+		if !bytes.Contains(buf[:n], []byte("spdystream.(*Connection).shutdown")) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
 
 // requireBinaries returns etcd and kube-apiserver, or skips the test without
 // them — and fails it under CI, which must run it.

@@ -196,7 +196,7 @@ func TestBulkBufferBudget(t *testing.T) {
 	t.Cleanup(func() { // what a failure left out
 		for _, bp := range got {
 			if bp != nil {
-				putBulk(bp)
+				putBuf(bp)
 			}
 		}
 	})
@@ -216,14 +216,14 @@ func TestBulkBufferBudget(t *testing.T) {
 	if len(got) != maxBulkBuffers {
 		t.Fatalf("%d bulk buffers handed out, want %d", len(got), maxBulkBuffers)
 	}
-	putBulk(got[0])
+	putBuf(got[0])
 	if bp := takeBulk(); bp == nil {
 		t.Fatal("no bulk buffer after one was returned")
 	} else {
 		got[0] = bp
 	}
 	for _, bp := range got {
-		putBulk(bp)
+		putBuf(bp)
 	}
 	got = nil
 	if n := bulkInUse.Load(); n != 0 {

@@ -162,7 +162,12 @@ func takeBulk() *[]byte {
 	return bulkPool.Get().(*[]byte)
 }
 
-func putBulk(bp *[]byte) {
+// putBuf returns a copy buffer of either size to its pool.
+func putBuf(bp *[]byte) {
+	if len(*bp) != bulkBuf {
+		bufPool.Put(bp)
+		return
+	}
 	bulkPool.Put(bp)
 	bulkInUse.Add(-1)
 }
@@ -217,14 +222,8 @@ func (s *splice) copyEndpointToClient(errc chan<- error) { // copier: endpoint -
 // reset or any other error it aborts both sides, so a reset reaches the other
 // peer as a reset.
 func (s *splice) copy(dst, src net.Conn, dir int) error {
-	bp, bulk := bufPool.Get().(*[]byte), false
-	defer func() {
-		if bulk {
-			putBulk(bp)
-		} else {
-			bufPool.Put(bp)
-		}
-	}()
+	bp := bufPool.Get().(*[]byte)
+	defer func() { putBuf(bp) }()
 	buf := *bp
 	for {
 		n, rerr := src.Read(buf)
@@ -241,19 +240,19 @@ func (s *splice) copy(dst, src net.Conn, dir int) error {
 			}
 			s.proxy.stats.bytes[dir].Add(uint64(n))
 		}
-		// Size the next read (see bulkPool).
-		switch {
-		case !bulk && n == len(buf):
-			if big := takeBulk(); big != nil {
-				bufPool.Put(bp)
-				bp, bulk, buf = big, true, *big
-			}
-		case bulk && n < len(buf):
-			putBulk(bp)
-			bp, bulk = bufPool.Get().(*[]byte), false
-			buf = *bp
-		}
 		if rerr == nil {
+			// Size the next read (see bulkPool).
+			switch {
+			case len(buf) == smallBuf && n == len(buf):
+				if big := takeBulk(); big != nil {
+					putBuf(bp)
+					bp, buf = big, *big
+				}
+			case len(buf) == bulkBuf && n < len(buf):
+				putBuf(bp)
+				bp = bufPool.Get().(*[]byte)
+				buf = *bp
+			}
 			continue
 		}
 		if errors.Is(rerr, io.EOF) {

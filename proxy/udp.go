@@ -172,14 +172,6 @@ type udpFlow struct {
 	unpoll      func()
 }
 
-// onReadable relays what the endpoint sent, on the poller's goroutine
-// (step 5); a failed socket ends the flow.
-func (u *udpFlow) onReadable() {
-	if !u.relayOnce(false) {
-		u.finish(false)
-	}
-}
-
 // pollBatch bounds the datagrams one flow relays per readiness event, so
 // that a busy flow cannot starve the others on the poller's goroutine (the
 // level-triggered epoll reports its socket again).

@@ -8,10 +8,10 @@ package proxy
 //     flow's id as the event's data); the socket stays in Go's own poller
 //     too, where nothing waits on it.
 //  2. The poller goroutine waits in epoll_wait; for each readable socket it
-//     calls the flow's onReadable, which drains the socket through its
-//     syscall.RawConn (so a socket closed meanwhile fails cleanly instead
-//     of reading a reused descriptor) and writes each datagram to the
-//     client.
+//     drains the socket through its syscall.RawConn (so a socket closed
+//     meanwhile fails cleanly instead of reading a reused descriptor), a
+//     batch of datagrams per recvmmsg (udpbatch_linux.go), and writes each
+//     datagram to the client; a failed socket ends the flow.
 //  3. remove takes the socket out before the flow closes it; ids are never
 //     reused, so an event already fetched for a removed flow finds nothing.
 //  4. Run's end wakes the poller through a pipe; it ends the flows it still
@@ -105,6 +105,8 @@ func (rp *replyPoller) run(ctx context.Context) { // UDP reply poller
 		close(woke)
 	})
 	events := make([]syscall.EpollEvent, 128)
+	batch := newReplyBatch()
+	defer batch.release()
 	for {
 		n, err := syscall.EpollWait(rp.epfd, events, -1)
 		if err != nil {
@@ -123,8 +125,8 @@ func (rp *replyPoller) run(ctx context.Context) { // UDP reply poller
 			rp.mu.Lock()
 			u := rp.flows[id]
 			rp.mu.Unlock()
-			if u != nil {
-				u.onReadable()
+			if u != nil && !u.relayBatch(batch) {
+				u.finish(false)
 			}
 		}
 		if woken {

@@ -7,7 +7,9 @@ package proxy
 //  1. add registers a flow's endpoint socket (level-triggered EPOLLIN, the
 //     flow's id as the event's data); the socket stays in Go's own poller
 //     too, where nothing waits on it.
-//  2. The poller goroutine waits in epoll_wait; for each readable socket it
+//  2. The poller goroutine waits for the epoll set in the runtime's own
+//     poller (the set's descriptor is readable while it has events), takes
+//     the events with a non-blocking epoll_wait; for each readable socket it
 //     drains the socket through its syscall.RawConn (so a socket closed
 //     meanwhile fails cleanly instead of reading a reused descriptor), a
 //     batch of datagrams per recvmmsg (udpbatch_linux.go), and writes each
@@ -22,13 +24,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"syscall"
 )
 
 type replyPoller struct {
 	epfd int
-	wake [2]int // pipe: a byte on wake[1] stops the loop
+	epf  *os.File        // epfd in the runtime's poller: the goroutine waits there
+	eprc syscall.RawConn // of epf
+	wake [2]int          // pipe: a byte on wake[1] stops the loop
 
 	mu      sync.Mutex
 	running bool
@@ -42,8 +47,22 @@ func newReplyPoller() (*replyPoller, error) {
 		return nil, fmt.Errorf("proxy: epoll_create1: %w", err)
 	}
 	rp := &replyPoller{epfd: epfd, flows: make(map[uint64]*udpFlow), running: true}
-	if err := syscall.Pipe2(rp.wake[:], syscall.O_CLOEXEC|syscall.O_NONBLOCK); err != nil {
+	// The epoll descriptor is readable while it has events: the runtime's
+	// poller waits for that, and the goroutine parks instead of holding a
+	// thread in epoll_wait.
+	if err := syscall.SetNonblock(epfd, true); err != nil {
 		syscall.Close(epfd)
+		return nil, fmt.Errorf("proxy: epoll descriptor: %w", err)
+	}
+	rp.epf = os.NewFile(uintptr(epfd), "udp-reply-epoll")
+	rc, err := rp.epf.SyscallConn()
+	if err != nil {
+		rp.epf.Close()
+		return nil, fmt.Errorf("proxy: epoll descriptor: %w", err)
+	}
+	rp.eprc = rc
+	if err := syscall.Pipe2(rp.wake[:], syscall.O_CLOEXEC|syscall.O_NONBLOCK); err != nil {
+		rp.epf.Close()
 		return nil, fmt.Errorf("proxy: pipe2: %w", err)
 	}
 	ev := syscall.EpollEvent{Events: syscall.EPOLLIN}
@@ -55,7 +74,7 @@ func newReplyPoller() (*replyPoller, error) {
 }
 
 func (rp *replyPoller) closeFDs() {
-	syscall.Close(rp.epfd)
+	rp.epf.Close()
 	syscall.Close(rp.wake[0])
 	syscall.Close(rp.wake[1])
 }
@@ -107,12 +126,18 @@ func (rp *replyPoller) run(ctx context.Context) { // UDP reply poller
 	events := make([]syscall.EpollEvent, 128)
 	batch := newReplyBatch()
 	defer batch.release()
-	for {
-		n, err := syscall.EpollWait(rp.epfd, events, -1)
-		if err != nil {
-			if err == syscall.EINTR {
-				continue
+	var n int
+	var werr error
+	wait := func(fd uintptr) bool {
+		for {
+			n, werr = syscall.EpollWait(int(fd), events, 0)
+			if werr != syscall.EINTR {
+				return werr != nil || n > 0 // none yet: park until epfd is readable
 			}
+		}
+	}
+	for {
+		if err := rp.eprc.Read(wait); err != nil || werr != nil {
 			break
 		}
 		woken := false

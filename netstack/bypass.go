@@ -10,8 +10,8 @@ package netstack
 //     INVALID drops); an ESTABLISHED Original-direction datagram of a
 //     registered flow goes to the function, with its UDP payload, on the
 //     gate's goroutine.
-//  3. Replies still go through gVisor (the flow's socket), so that the
-//     client sees them from the service address.
+//  3. Replies go out from the service address, written by the gate
+//     (Reply, udpreply.go), also without gVisor's UDP endpoint.
 //
 //  4. Datagrams that reach the flow's socket anyway — queued before the
 //     registration, or classified by a gate just before it — are drained
@@ -151,11 +151,22 @@ func (r *UDPRequest) drain(fn func(payload []byte)) {
 var ErrReplyDropped = errors.New("netstack: UDP reply dropped (send buffer full)")
 
 // Reply sends b to the client from the service address without ever
-// waiting: a full send buffer drops it (ErrReplyDropped). An error from the
-// client's side (an ICMP error it sent) is reported once and is not fatal
-// either; any other error means the flow's socket is closed. Not safe for
-// concurrent use; b is not kept.
+// waiting: the gate writes it (udpreply.go), or, past the link's MTU, the
+// flow's gVisor endpoint, which fragments it. A datagram the link or a full
+// send buffer cannot take is dropped (ErrReplyDropped), and so is one the
+// endpoint refuses for an ICMP error the client sent; any other error means
+// the flow is closed. Not safe for concurrent use; b is not kept.
 func (r *UDPRequest) Reply(b []byte) error {
+	if r.out != nil {
+		if done, err := r.replyDirect(r.out, b); done {
+			return err
+		}
+	}
+	return r.replyThroughEndpoint(b)
+}
+
+// replyThroughEndpoint is Reply through the flow's gVisor endpoint.
+func (r *UDPRequest) replyThroughEndpoint(b []byte) error {
 	r.reply.Reset(b)
 	_, err := r.ep.Write(&r.reply, tcpip.WriteOptions{})
 	switch err.(type) {

@@ -23,6 +23,7 @@ import (
 	"net/netip"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -187,6 +188,8 @@ type UDPRequest struct {
 	ep     tcpip.Endpoint // the flow's gVisor endpoint, behind Conn
 	wq     *waiter.Queue  // its waiter queue
 	reply  bytes.Reader   // Reply's payload, reused
+	out    *gate          // the gate of the NIC the flow came in on (udpreply.go)
+	closed atomic.Bool    // Conn was closed
 }
 
 // Client returns the client's address and port.
@@ -387,7 +390,11 @@ func (st *Stack) handleUDP(fr *udp.ForwarderRequest) bool {
 		return true
 	}
 	client, svc := endpoints(fr.ID())
-	r := &UDPRequest{Conn: gonet.NewUDPConn(wq, ep), client: client, svc: svc, ctx: st.ctx, bypass: &st.bypass, ep: ep, wq: wq}
+	r := &UDPRequest{client: client, svc: svc, ctx: st.ctx, bypass: &st.bypass, ep: ep, wq: wq, out: st.gates[linkNIC]}
+	if client.Addr() == InProcessClientIPv4 || client.Addr() == InProcessClientIPv6 {
+		r.out = st.gates[inProcNIC]
+	}
+	r.Conn = udpConn{Conn: gonet.NewUDPConn(wq, ep), closed: &r.closed}
 	go st.runUDP(h, r)
 	return true
 }

@@ -1,0 +1,110 @@
+package netstack
+
+// UDP replies written by the gate: Reply builds a reply's IP and UDP headers
+// itself, as gVisor's UDP endpoint would (from the service address, TTL or
+// hop limit 64, IPv4 with DF and ID 0: gVisor's default path MTU discovery,
+// "want"), and hands the datagram to the gate's outbound path, where it is
+// classified in the Reply direction and written to the link like every
+// packet of the stack. The flow's gVisor endpoint is skipped: its locks, its
+// send buffer accounting, its route and its header building, per datagram
+// (BENCHMARKS.md, tuning log). A reply that does not fit the link's MTU
+// still goes through the endpoint, which fragments it.
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"sync/atomic"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+// replyTTL is gVisor's default TTL and hop limit (ipv4.DefaultTTL,
+// ipv6.DefaultTTL).
+const replyTTL = 64
+
+// errReplyClosed is Reply's error once the flow's Conn is closed, as the
+// endpoint's write would fail then.
+var errReplyClosed = errors.New("netstack: UDP reply: the flow is closed")
+
+// udpConn is a flow's Conn: it tells Reply when the handler closed it.
+type udpConn struct {
+	net.Conn
+	closed *atomic.Bool
+}
+
+func (c udpConn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
+}
+
+// replyDirect writes b to the client from the service address through out;
+// it reports false when b does not fit the link's MTU, and nothing was
+// written.
+func (r *UDPRequest) replyDirect(out *gate, b []byte) (bool, error) {
+	v4 := r.client.Addr().Is4()
+	hlen := header.IPv6MinimumSize
+	if v4 {
+		hlen = header.IPv4MinimumSize
+	}
+	total := hlen + header.UDPMinimumSize + len(b)
+	if total > int(out.MTU()) {
+		return false, nil
+	}
+	if r.closed.Load() {
+		return true, errReplyClosed
+	}
+	v := buffer.NewViewSize(total)
+	p := v.AsSlice()
+	src, dst := r.svc.Addr(), r.client.Addr()
+	var proto tcpip.NetworkProtocolNumber
+	if v4 {
+		proto = header.IPv4ProtocolNumber
+		ip := header.IPv4(p)
+		ip.Encode(&header.IPv4Fields{
+			TotalLength: uint16(total),
+			Flags:       header.IPv4FlagDontFragment,
+			TTL:         replyTTL,
+			Protocol:    uint8(header.UDPProtocolNumber),
+			SrcAddr:     tcpip.AddrFrom4(src.As4()),
+			DstAddr:     tcpip.AddrFrom4(dst.As4()),
+		})
+		ip.SetChecksum(^ip.CalculateChecksum())
+	} else {
+		proto = header.IPv6ProtocolNumber
+		header.IPv6(p).Encode(&header.IPv6Fields{
+			PayloadLength:     uint16(header.UDPMinimumSize + len(b)),
+			TransportProtocol: header.UDPProtocolNumber,
+			HopLimit:          replyTTL,
+			SrcAddr:           tcpip.AddrFrom16(src.As16()),
+			DstAddr:           tcpip.AddrFrom16(dst.As16()),
+		})
+	}
+	u := header.UDP(p[hlen:])
+	ulen := uint16(header.UDPMinimumSize + len(b))
+	u.Encode(&header.UDPFields{SrcPort: r.svc.Port(), DstPort: r.client.Port(), Length: ulen})
+	copy(u.Payload(), b)
+	xsum := header.PseudoHeaderChecksum(header.UDPProtocolNumber, tcpip.AddrFromSlice(src.AsSlice()), tcpip.AddrFromSlice(dst.AsSlice()), ulen)
+	xsum = checksum.Checksum(u, xsum)
+	if xsum != 0xffff {
+		xsum = ^xsum
+	}
+	binary.BigEndian.PutUint16(u[6:], xsum) // a sum of 0 is sent as 0xffff (RFC 768)
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithView(v)})
+	pkt.NetworkProtocolNumber = proto
+	var pl stack.PacketBufferList
+	pl.PushBack(pkt)
+	_, err := out.WritePackets(pl)
+	pl.DecRef()
+	switch err.(type) {
+	case nil:
+		return true, nil
+	case *tcpip.ErrClosedForSend:
+		return true, errors.New("netstack: UDP reply: " + err.String())
+	}
+	return true, ErrReplyDropped
+}

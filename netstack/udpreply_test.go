@@ -1,0 +1,127 @@
+package netstack
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+)
+
+// replyTwiceHandler answers a flow's first datagram with each of sizes
+// bytes, once through Reply and once through the flow's gVisor endpoint,
+// then closes the flow and reports what Reply said after that.
+type replyTwiceHandler struct {
+	sizes  []int
+	closed chan error
+}
+
+func (replyTwiceHandler) HandleTCP(r *TCPRequest) { r.Refuse() }
+
+func (h replyTwiceHandler) HandleUDP(r *UDPRequest) {
+	buf := make([]byte, 100)
+	if _, err := r.Conn.Read(buf); err != nil {
+		h.closed <- err
+		return
+	}
+	for _, n := range h.sizes {
+		p := make([]byte, n)
+		for i := range p {
+			p[i] = byte(i * 7)
+		}
+		if err := r.Reply(p); err != nil {
+			h.closed <- err
+			return
+		}
+		if err := r.replyThroughEndpoint(p); err != nil {
+			h.closed <- err
+			return
+		}
+	}
+	_ = r.Conn.Close()
+	h.closed <- r.Reply([]byte("late"))
+}
+
+// TestUDPReplyWrittenByTheGate: a reply Reply builds is, byte for byte, the
+// datagram gVisor's UDP endpoint writes (IPv4 and IPv6, an empty payload,
+// one that fills the MTU); a reply past the MTU goes through gVisor, which
+// fragments it, as before; after the flow's Conn is closed Reply fails.
+func TestUDPReplyWrittenByTheGate(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		client, svc  netip.AddrPort
+		fits, beyond int // payload sizes: the largest that fits the MTU of 1500, and one more
+	}{
+		{"IPv4", netip.MustParseAddrPort("192.0.2.7:40000"), netip.MustParseAddrPort("10.96.0.53:53"), 1500 - 28, 1500 - 27},
+		{"IPv6", netip.MustParseAddrPort("[2001:db8::7]:40000"), netip.MustParseAddrPort("[fd00:96::53]:53"), 1500 - 48, 1500 - 47},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, link, _ := newTestStack(t, accept)
+			h := replyTwiceHandler{sizes: []int{0, 5, tc.fits, tc.beyond}, closed: make(chan error, 1)}
+			st.SetFlowHandler(h)
+			link.Inject(udpDatagram(tc.client, tc.svc, []byte("q")))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for _, n := range h.sizes[:3] {
+				direct, viaGVisor := link.Read(ctx), link.Read(ctx)
+				if direct == nil || viaGVisor == nil {
+					t.Fatalf("%d bytes: no reply", n)
+				}
+				if string(direct) != string(viaGVisor) {
+					t.Fatalf("%d bytes: the gate's reply\n% x\ndiffers from gVisor's\n% x", n, direct, viaGVisor)
+				}
+				checkUDPReply(t, direct, tc.svc, tc.client, n)
+			}
+			select {
+			case err := <-h.closed:
+				if err == nil || err == ErrReplyDropped {
+					t.Fatalf("Reply after Close: %v, want an error that ends the flow", err)
+				}
+			case <-ctx.Done():
+				t.Fatal("the handler did not finish")
+			}
+			// Past the MTU both replies are gVisor's: fragments, which the
+			// gate drops as INVALID (README, differences).
+			if got := st.counters.invalidOut.Load(); got != 4 {
+				t.Errorf("%d outbound packets INVALID, want the 4 fragments of the 2 replies past the MTU", got)
+			}
+			short, cancelShort := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancelShort()
+			if p := link.Read(short); p != nil {
+				t.Errorf("a %d-byte packet past the replies", len(p))
+			}
+		})
+	}
+}
+
+// checkUDPReply checks that p is an n-byte UDP datagram from -> to with
+// valid checksums, TTL 64 and, for IPv4, DF.
+func checkUDPReply(t *testing.T, p []byte, from, to netip.AddrPort, n int) {
+	t.Helper()
+	var u header.UDP
+	var src, dst tcpip.Address
+	if from.Addr().Is4() {
+		ip := header.IPv4(p)
+		if !ip.IsValid(len(p)) || !ip.IsChecksumValid() || ip.TTL() != 64 || ip.Flags()&header.IPv4FlagDontFragment == 0 {
+			t.Fatalf("IPv4 header % x: want valid, TTL 64, DF", p[:20])
+		}
+		u, src, dst = header.UDP(ip.Payload()), ip.SourceAddress(), ip.DestinationAddress()
+	} else {
+		ip := header.IPv6(p)
+		if !ip.IsValid(len(p)) || ip.HopLimit() != 64 {
+			t.Fatalf("IPv6 header % x: want valid, hop limit 64", p[:40])
+		}
+		u, src, dst = header.UDP(ip.Payload()), ip.SourceAddress(), ip.DestinationAddress()
+	}
+	if src != tcpip.AddrFromSlice(from.Addr().AsSlice()) || dst != tcpip.AddrFromSlice(to.Addr().AsSlice()) ||
+		u.SourcePort() != from.Port() || u.DestinationPort() != to.Port() || len(u.Payload()) != n {
+		t.Fatalf("reply %v:%d -> %v:%d with %d bytes, want %v -> %v with %d", src, u.SourcePort(), dst, u.DestinationPort(), len(u.Payload()), from, to, n)
+	}
+	xsum := header.PseudoHeaderChecksum(header.UDPProtocolNumber, src, dst, u.Length())
+	if !u.IsChecksumValid(src, dst, checksum.Checksum(u.Payload(), 0)) || xsum == 0 {
+		t.Fatalf("UDP checksum %#04x is not valid", u.Checksum())
+	}
+}

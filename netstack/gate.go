@@ -91,6 +91,7 @@ type gate struct {
 	counters *gateCounters
 	bypass   *udpBypass
 	resets   *resetting
+	synAcks  *synAckWrites
 	defrag   *conntrack.Reassembler // set by the Stack before the NIC is created
 }
 
@@ -171,6 +172,9 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 		if res.Tuple.Proto() == conntrack.UDP && g.bypass.take(res.Tuple, b) {
 			return
 		}
+		if res.Tuple.Proto() == conntrack.TCP && g.synAcks != nil {
+			g.synAcks.wait(res.Tuple) // synack.go
+		}
 	}
 	g.Endpoint.DeliverNetworkPacket(proto, pkt)
 }
@@ -215,11 +219,16 @@ func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 			g.counters.resetsOut.Add(1)
 			continue
 		}
-		if res := g.ct.Classify(b, conntrack.Reply); res.Verdict == conntrack.Invalid {
+		res := g.ct.Classify(b, conntrack.Reply)
+		if res.Verdict == conntrack.Invalid {
 			if !res.Reason.Unsupported() { // counted by conntrack, by protocol
 				g.counters.invalidOut.Add(1)
 			}
 			drop = markDrop(drop, n, i)
+			continue
+		}
+		if g.synAcks != nil && res.Tuple.Proto() == conntrack.TCP && isSynAck(b) {
+			defer g.synAcks.begin(res.Tuple)() // synack.go
 		}
 	}
 	if drop == nil {

@@ -95,6 +95,7 @@ func (r *resetting) ended(t conntrack.Tuple) bool {
 const (
 	tcpSYN = 0x02
 	tcpRST = 0x04
+	tcpACK = 0x10
 )
 
 // tcpSegment returns the Original-direction tuple (client -> service) and

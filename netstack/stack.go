@@ -110,6 +110,7 @@ type Stack struct {
 	gates       map[tcpip.NICID]*gate
 	bypass      udpBypass
 	resets      resetting
+	synAcks     synAckWrites
 
 	mu        sync.Mutex
 	closed    bool
@@ -196,6 +197,8 @@ func (st *Stack) build(opts Options) error {
 	st.pipe = newAsyncPipe(inProcMTU, 1024)
 	ours, theirs := st.pipe.a, st.pipe.b
 	st.gates[linkNIC] = newGate(opts.Link.ep, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)
+	st.synAcks.limit = synAckWait
+	st.gates[linkNIC].synAcks = &st.synAcks // the link's writes run the client's side (synack.go)
 	st.gates[inProcNIC] = newGate(ours, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)
 	for _, g := range st.gates {
 		g.defrag = opts.Reassembler

@@ -152,7 +152,7 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		}
 	}
 	u.mu.Unlock()
-	for u.relayOnce(true) {
+	for u.relayOnce() {
 	}
 	u.finish(false)
 }
@@ -177,52 +177,36 @@ type udpFlow struct {
 // level-triggered epoll reports its socket again).
 const pollBatch = 64
 
-// relayOnce reads the datagrams waiting on the endpoint socket and writes
-// them to the client, taking a pooled buffer only once one is there. With
-// wait it first waits until the socket is readable and relays one datagram
-// (the goroutine mode); without, it returns when the socket is empty or
-// after pollBatch datagrams. It reports false once the socket or the
-// client's side was closed. An ICMP error from the endpoint (ECONNREFUSED
-// on the connected socket) does not end the flow, nor does a reply dropped
-// because the client's side is full (netstack.ErrReplyDropped): writes to
-// the client never wait.
-func (u *udpFlow) relayOnce(wait bool) bool {
+// relayOnce waits until the endpoint socket is readable and relays one
+// datagram to the client (the goroutine mode; the poller reads in batches,
+// udpbatch_linux.go). It reports false once the socket or the client's side
+// was closed. An ICMP error from the endpoint (ECONNREFUSED on the connected
+// socket) does not end the flow, nor does a reply dropped because the
+// client's side is full (netstack.ErrReplyDropped): writes to the client
+// never wait.
+func (u *udpFlow) relayOnce() bool {
 	ok := true
 	err := u.rc.Read(func(fd uintptr) bool {
-		var bp *[]byte
-		defer func() {
-			if bp != nil {
-				udpPool.Put(bp)
-			}
-		}()
-		for relayed := 0; relayed < pollBatch; {
-			if bp == nil {
-				bp = udpPool.Get().(*[]byte)
-			}
+		bp := udpPool.Get().(*[]byte) // only while the socket is readable: a waiting flow holds no buffer
+		defer udpPool.Put(bp)
+		for {
 			n, err := syscall.Read(int(fd), *bp)
 			switch {
 			case err == syscall.EINTR, err == syscall.ECONNREFUSED:
 				continue
 			case err == syscall.EAGAIN:
-				return !wait // the goroutine mode waits for more
+				return false // wait for more
 			case err != nil:
 				ok = false
 				return true
 			}
-			relayed++
-			if werr := u.r.Reply((*bp)[:n]); werr != nil {
-				if errors.Is(werr, netstack.ErrReplyDropped) {
-					continue
-				}
+			if werr := u.r.Reply((*bp)[:n]); werr != nil && !errors.Is(werr, netstack.ErrReplyDropped) {
 				ok = false
-				return true
+			} else if werr == nil {
+				u.p.stats.bytes[1].Add(uint64(n))
 			}
-			u.p.stats.bytes[1].Add(uint64(n))
-			if wait {
-				return true
-			}
+			return true
 		}
-		return true
 	})
 	return ok && err == nil
 }

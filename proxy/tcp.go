@@ -199,10 +199,9 @@ func resetTCP(c net.Conn) {
 }
 
 // run copies both ways until both directions are done: client -> endpoint
-// on a copier goroutine of its own, endpoint -> client on the caller's, the
-// flow's handler, whose stack the dial and the handshake have grown already
-// (a fresh goroutine would grow its own again: runtime.copystack was 8.6% of
-// the conn/s cell's CPU; BENCHMARKS.md, tuning log).
+// on a copier goroutine of its own, endpoint -> client on the caller's (the
+// flow's handler), which would otherwise only wait: two goroutines per flow,
+// not three.
 func (s *splice) run() {
 	done := make(chan struct{})
 	go s.copyClientToEndpoint(done)

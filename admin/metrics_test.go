@@ -127,7 +127,7 @@ func fakeSources() admin.Sources {
 		Tracker:     fakeTracker{tr},
 		Gate: func() admin.GateStats {
 			return admin.GateStats{PacketsIn: 100, PacketsOut: 90, InvalidIn: 3, Rejected: 2, RejectRateLimited: 1,
-				Dropped: 1, TableFull: 5, Accepted: 11, TCPInFlight: 2, InFlightLimited: 7}
+				Dropped: 1, TableFull: 5, Accepted: 11, TCPInFlight: 2, InFlightLimited: 7, SYNACKWaits: 6, SYNACKWaitsTimedOut: 1}
 		},
 		ReloadErrors: func() uint64 { return 2 },
 		NodePorts:    func() admin.NodePortStats { return admin.NodePortStats{Open: 3, Failed: 1} },
@@ -228,6 +228,8 @@ func TestMetricsExposition(t *testing.T) {
 		"userproxy_gate_accepted_flows_total 11",
 		"userproxy_gate_in_flight_limited_total 7",
 		"userproxy_gate_tcp_handshakes_in_flight 2",
+		`userproxy_gate_synack_waits_total{end="written"} 5`,
+		`userproxy_gate_synack_waits_total{end="timed_out"} 1`,
 		"userproxy_config_reload_errors_total 2",
 		`userproxy_nodeport_sockets{state="open"} 3`,
 		`userproxy_nodeport_sockets{state="failed"} 1`,

@@ -388,6 +388,10 @@ type Stats struct {
 	// client; SegmentsAfterEntry the client's segments of such flows it let
 	// in, each of which gVisor answers with one more RST (reset.go).
 	ResetsAfterEntry, SegmentsAfterEntry uint64
+	// SYNACKWaits counts the client segments the reader held back while
+	// their flow's SYN-ACK was being written, SYNACKWaitsTimedOut those of
+	// them delivered when the wait's bound ran out (synack.go).
+	SYNACKWaits, SYNACKWaitsTimedOut uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -410,6 +414,7 @@ func (st *Stack) Stats() Stats {
 		TCPInFlight:     inflight, InFlightLimited: c.inFlightLimited.Load(),
 		HandlerPanics: c.handlerPanics.Load(), HandshakesAborted: c.handshakesAborted.Load(),
 		ResetsAfterEntry: c.resetsOut.Load(), SegmentsAfterEntry: c.resetsIn.Load(),
+		SYNACKWaits: st.synAcks.waits.Load(), SYNACKWaitsTimedOut: st.synAcks.timedOut.Load(),
 	}
 }
 

@@ -85,7 +85,7 @@ func tcpData(src, dst netip.AddrPort, seq, ack uint32, payload []byte) []byte {
 // read while its SYN-ACK is still being written, reaches gVisor only once
 // that write returned (synack.go), and is then served (echoed).
 func TestClientSegmentWaitsForTheSYNACKWrite(t *testing.T) {
-	_, hl := newHoldingStack(t, time.Minute)
+	st, hl := newHoldingStack(t, time.Minute)
 	hl.inject(tcpPacket(client, service, header.TCPFlagSyn, 1000, 0))
 	var synAck []byte
 	select {
@@ -109,6 +109,9 @@ func TestClientSegmentWaitsForTheSYNACKWrite(t *testing.T) {
 	case <-delivered:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the client's segment was not delivered after the SYN-ACK write returned")
+	}
+	if s := st.Stats(); s.SYNACKWaits != 1 || s.SYNACKWaitsTimedOut != 0 {
+		t.Fatalf("%d waits, %d timed out; want 1 and 0", s.SYNACKWaits, s.SYNACKWaitsTimedOut)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -149,6 +152,9 @@ func TestSYNACKWaitIsBounded(t *testing.T) {
 	}
 	if n := st.synAcks.n.Load(); n != 1 {
 		t.Fatalf("%d SYN-ACK writes registered while one is held, want 1", n)
+	}
+	if s := st.Stats(); s.SYNACKWaits != 1 || s.SYNACKWaitsTimedOut != 1 {
+		t.Fatalf("%d waits, %d timed out; want 1 and 1", s.SYNACKWaits, s.SYNACKWaitsTimedOut)
 	}
 	close(hl.release)
 	waitUntil(t, func() bool { return st.synAcks.n.Load() == 0 })

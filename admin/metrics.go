@@ -47,7 +47,7 @@ type GateStats struct {
 	HandshakesAborted           uint64
 	ResetsAfterEntry            uint64
 	SegmentsAfterEntry          uint64
-	SYNACKWaits                 uint64
+	SYNACKWaitsWritten          uint64
 	SYNACKWaitsTimedOut         uint64
 }
 
@@ -498,7 +498,7 @@ func gateGroup(snap func() GateStats) metricGroup {
 			}),
 		labeled(own("gate_synack_waits_total"), "Client segments held back while their flow's SYN-ACK was being written to the TUN (so that gVisor does not spin on the endpoint the writer holds), by how the wait ended: written, or timed_out at its 1 ms bound.",
 			prometheus.CounterValue, []string{"end"}, func(s *GateStats, emit func(float64, ...string)) {
-				emit(float64(s.SYNACKWaits-s.SYNACKWaitsTimedOut), "written")
+				emit(float64(s.SYNACKWaitsWritten), "written")
 				emit(float64(s.SYNACKWaitsTimedOut), "timed_out")
 			}),
 	}}

@@ -127,7 +127,7 @@ func fakeSources() admin.Sources {
 		Tracker:     fakeTracker{tr},
 		Gate: func() admin.GateStats {
 			return admin.GateStats{PacketsIn: 100, PacketsOut: 90, InvalidIn: 3, Rejected: 2, RejectRateLimited: 1,
-				Dropped: 1, TableFull: 5, Accepted: 11, TCPInFlight: 2, InFlightLimited: 7, SYNACKWaits: 6, SYNACKWaitsTimedOut: 1}
+				Dropped: 1, TableFull: 5, Accepted: 11, TCPInFlight: 2, InFlightLimited: 7, SYNACKWaitsWritten: 5, SYNACKWaitsTimedOut: 1}
 		},
 		ReloadErrors: func() uint64 { return 2 },
 		NodePorts:    func() admin.NodePortStats { return admin.NodePortStats{Open: 3, Failed: 1} },

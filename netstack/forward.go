@@ -390,9 +390,9 @@ func (st *Stack) handleUDP(fr *udp.ForwarderRequest) bool {
 		return true
 	}
 	client, svc := endpoints(fr.ID())
-	r := &UDPRequest{client: client, svc: svc, ctx: st.ctx, bypass: &st.bypass, ep: ep, wq: wq, out: st.gates[linkNIC]}
-	if client.Addr() == InProcessClientIPv4 || client.Addr() == InProcessClientIPv6 {
-		r.out = st.gates[inProcNIC]
+	r := &UDPRequest{client: client, svc: svc, ctx: st.ctx, bypass: &st.bypass, ep: ep, wq: wq}
+	if info, ok := ep.Info().(*stack.TransportEndpointInfo); ok {
+		r.out = st.gates[info.BindNICID] // the forwarder bound the endpoint to the NIC the flow came in on
 	}
 	r.Conn = udpConn{Conn: gonet.NewUDPConn(wq, ep), closed: &r.closed}
 	go st.runUDP(h, r)

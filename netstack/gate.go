@@ -18,11 +18,14 @@ package netstack
 //     confirmed (a full table refuses the flow, counted) and the packet goes
 //     on.
 //  4. ESTABLISHED and RELATED packets go on into gVisor, but for datagrams
-//     of UDP flows whose handler registered a bypass (bypass.go).
-//  5. Packets gVisor writes to the link are classified in the Reply direction;
-//     INVALID ones are dropped and counted, the rest are written. The RST of
-//     a flow ended after its entry went is let through, and so is the
-//     client's answer to it (reset.go).
+//     of UDP flows whose handler registered a bypass (bypass.go); a TCP
+//     segment of a flow whose SYN-ACK is being written waits for that write
+//     first (synack.go).
+//  5. Packets gVisor writes to the link, and the UDP replies the gate builds
+//     (udpreply.go), are classified in the Reply direction; INVALID ones are
+//     dropped and counted, the rest are written. The RST of a flow ended
+//     after its entry went is let through, and so is the client's answer to
+//     it (reset.go).
 
 import (
 	"sync"
@@ -93,6 +96,14 @@ type gate struct {
 	resets   *resetting
 	synAcks  *synAckWrites
 	defrag   *conntrack.Reassembler // set by the Stack before the NIC is created
+
+	// own guards the writes that come from outside gVisor (UDP replies,
+	// udpreply.go) against the link's closing: Stack.Close sets closed
+	// under it before it closes the link.
+	own struct {
+		sync.RWMutex
+		closed bool
+	}
 }
 
 var _ stack.LinkEndpoint = (*gate)(nil)
@@ -255,4 +266,23 @@ func markDrop(drop []bool, n, i int) []bool {
 	}
 	drop[i] = true
 	return drop
+}
+
+// writeOwn is WritePackets for packets that do not come from gVisor, which
+// Stack.Close does not wait for: it fails with ErrClosedForSend once the
+// stack is closing, instead of writing to a link being closed.
+func (g *gate) writeOwn(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	g.own.RLock()
+	defer g.own.RUnlock()
+	if g.own.closed {
+		return 0, &tcpip.ErrClosedForSend{}
+	}
+	return g.WritePackets(pkts)
+}
+
+// closeOwn makes later writeOwn calls fail, after those in progress.
+func (g *gate) closeOwn() {
+	g.own.Lock()
+	g.own.closed = true
+	g.own.Unlock()
 }

@@ -388,10 +388,10 @@ type Stats struct {
 	// client; SegmentsAfterEntry the client's segments of such flows it let
 	// in, each of which gVisor answers with one more RST (reset.go).
 	ResetsAfterEntry, SegmentsAfterEntry uint64
-	// SYNACKWaits counts the client segments the reader held back while
-	// their flow's SYN-ACK was being written, SYNACKWaitsTimedOut those of
-	// them delivered when the wait's bound ran out (synack.go).
-	SYNACKWaits, SYNACKWaitsTimedOut uint64
+	// SYNACKWaitsWritten counts the client segments the reader held back
+	// until their flow's SYN-ACK write returned, SYNACKWaitsTimedOut those
+	// it delivered when the wait's bound ran out first (synack.go).
+	SYNACKWaitsWritten, SYNACKWaitsTimedOut uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -414,7 +414,7 @@ func (st *Stack) Stats() Stats {
 		TCPInFlight:     inflight, InFlightLimited: c.inFlightLimited.Load(),
 		HandlerPanics: c.handlerPanics.Load(), HandshakesAborted: c.handshakesAborted.Load(),
 		ResetsAfterEntry: c.resetsOut.Load(), SegmentsAfterEntry: c.resetsIn.Load(),
-		SYNACKWaits: st.synAcks.waits.Load(), SYNACKWaitsTimedOut: st.synAcks.timedOut.Load(),
+		SYNACKWaitsWritten: st.synAcks.written.Load(), SYNACKWaitsTimedOut: st.synAcks.timedOut.Load(),
 	}
 }
 
@@ -462,6 +462,9 @@ func (st *Stack) Close() {
 		}
 		if st.client != nil {
 			st.client.Wait()
+		}
+		for _, g := range st.gates {
+			g.closeOwn() // no UDP reply from the proxy reaches a closed link
 		}
 		if st.pipe != nil {
 			st.pipe.close()

@@ -33,9 +33,9 @@ type synAckWrites struct {
 	limit time.Duration // the longest wait: synAckWait
 	n     atomic.Int64  // registered flows: the readers look only when > 0
 	flows sync.Map      // conntrack.Tuple -> chan struct{}, closed when the write ends
-	// waits counts the segments a reader held back, timedOut those of them
-	// it delivered at the limit, before the write returned.
-	waits, timedOut atomic.Uint64
+	// written counts the segments a reader held back until the write
+	// returned, timedOut those it delivered at the limit.
+	written, timedOut atomic.Uint64
 }
 
 // begin registers t (step 1); end ends the registration.
@@ -62,10 +62,10 @@ func (s *synAckWrites) wait(t conntrack.Tuple) {
 	if !ok {
 		return
 	}
-	s.waits.Add(1)
 	timer := time.NewTimer(s.limit)
 	select {
 	case <-v.(chan struct{}):
+		s.written.Add(1)
 	case <-timer.C:
 		s.timedOut.Add(1)
 	}

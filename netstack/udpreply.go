@@ -8,7 +8,11 @@ package netstack
 // packet of the stack. The flow's gVisor endpoint is skipped: its locks, its
 // send buffer accounting, its route and its header building, per datagram
 // (BENCHMARKS.md, tuning log). A reply that does not fit the link's MTU
-// still goes through the endpoint, which fragments it.
+// still goes through the endpoint, which fragments it, and the gate then
+// drops the fragments as INVALID (README, differences). An ICMP error the
+// client sent no longer costs the next reply: the endpoint reported it as
+// that reply's failure, and the datagram was dropped; the gate writes it, as
+// the kernel's NAT would forward it.
 
 import (
 	"encoding/binary"
@@ -98,7 +102,7 @@ func (r *UDPRequest) replyDirect(out *gate, b []byte) (bool, error) {
 	pkt.NetworkProtocolNumber = proto
 	var pl stack.PacketBufferList
 	pl.PushBack(pkt)
-	_, err := out.WritePackets(pl)
+	_, err := out.writeOwn(pl)
 	pl.DecRef()
 	switch err.(type) {
 	case nil:

@@ -83,6 +83,11 @@ func TestUDPReplyWrittenByTheGate(t *testing.T) {
 			case <-ctx.Done():
 				t.Fatal("the handler did not finish")
 			}
+			// gVisor's endpoint sent only the replies through it and the two
+			// past the MTU: the others were the gate's.
+			if got := st.s.Stats().UDP.PacketsSent.Value(); got != uint64(len(h.sizes)+1) {
+				t.Errorf("gVisor's UDP sent %d datagrams, want %d", got, len(h.sizes)+1)
+			}
 			// Past the MTU both replies are gVisor's: fragments, which the
 			// gate drops as INVALID (README, differences).
 			if got := st.counters.invalidOut.Load(); got != 4 {
@@ -120,8 +125,19 @@ func checkUDPReply(t *testing.T, p []byte, from, to netip.AddrPort, n int) {
 		u.SourcePort() != from.Port() || u.DestinationPort() != to.Port() || len(u.Payload()) != n {
 		t.Fatalf("reply %v:%d -> %v:%d with %d bytes, want %v -> %v with %d", src, u.SourcePort(), dst, u.DestinationPort(), len(u.Payload()), from, to, n)
 	}
-	xsum := header.PseudoHeaderChecksum(header.UDPProtocolNumber, src, dst, u.Length())
-	if !u.IsChecksumValid(src, dst, checksum.Checksum(u.Payload(), 0)) || xsum == 0 {
+	if !u.IsChecksumValid(src, dst, checksum.Checksum(u.Payload(), 0)) || u.Checksum() == 0 {
 		t.Fatalf("UDP checksum %#04x is not valid", u.Checksum())
+	}
+}
+
+// TestUDPReplyAfterClose: once the stack is closing, a reply written by the
+// gate fails instead of reaching a link being closed.
+func TestUDPReplyAfterClose(t *testing.T) {
+	st, _, _ := newTestStack(t, accept)
+	g := st.gates[linkNIC]
+	st.Close()
+	r := &UDPRequest{client: netip.MustParseAddrPort("192.0.2.7:40000"), svc: netip.MustParseAddrPort("10.96.0.53:53"), out: g}
+	if done, err := r.replyDirect(g, []byte("late")); !done || err == nil || err == ErrReplyDropped {
+		t.Fatalf("a reply after Close: %v, %v; want an error that ends the flow", done, err)
 	}
 }

@@ -356,6 +356,9 @@ func (p *Proxy) Run(ctx context.Context) {
 			defer wg.Done()
 			rp.run(ctx)
 			p.poller.CompareAndSwap(rp, nil)
+			if rp.err != nil {
+				p.logger.Warn("the UDP reply poller stopped: its flows ended, later ones relay on a goroutine each", zap.Error(rp.err))
+			}
 		}()
 	})
 	wg.Add(1)

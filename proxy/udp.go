@@ -15,9 +15,9 @@ package proxy
 //     sender that writes it to the endpoint socket without blocking
 //     (UDPRequest.Forward), on the goroutine that delivered it.
 //  5. endpoint -> client: the endpoint socket joins the reply poller
-//     (udppoll_linux.go), whose one goroutine reads each datagram into a
-//     pooled buffer when it arrives and writes it to the client from the
-//     service address. The handler's goroutine then returns: an idle flow
+//     (udppoll_linux.go), whose one goroutine reads the datagrams into its
+//     own batch of buffers when they arrive and writes each to the client
+//     from the service address. The handler's goroutine then returns: an idle flow
 //     holds no goroutine and no buffer. Without the poller (not Linux, Run
 //     not running) the handler's goroutine waits for the replies itself;
 //     with an endpoint socket that is not a kernel socket (a test's

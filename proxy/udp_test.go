@@ -120,6 +120,13 @@ func udpDatapath(t *testing.T) (*Proxy, *netstack.Stack, context.CancelFunc, cha
 	ran := make(chan struct{})
 	go func() { defer close(ran); p.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-ran })
+	// A flow set up before Run's poller is running relays on a goroutine
+	// of its own, and Run's end does not end it: wait for the poller.
+	for deadline := time.Now().Add(5 * time.Second); p.poller.Load() == nil; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("Run's reply poller did not start")
+		}
+	}
 	st, err := netstack.New(netstack.Options{Link: &netstack.NewMemoryLink(0, 256).Link, Conntrack: ct, Admit: p.Admit})
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,7 @@ package proxy
 
 import (
 	"bytes"
-	"net"
+	"os"
 	"syscall"
 	"testing"
 )
@@ -11,19 +11,23 @@ import (
 // replyBatchLen datagrams, whole and in order (empty to 65,507 bytes), the
 // next takes the rest, and the one after finds the socket empty.
 func TestReplyBatchTakesWhatTheSocketHolds(t *testing.T) {
-	rx, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	// A datagram socket pair: a send is queued on the peer before it
+	// returns (no softirq that could defer it, as loopback UDP's can).
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_DGRAM|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	rx, tx := os.NewFile(uintptr(fds[0]), "rx"), os.NewFile(uintptr(fds[1]), "tx")
 	defer rx.Close()
-	if err := rx.SetReadBuffer(4 << 20); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := net.DialUDP("udp4", nil, rx.LocalAddr().(*net.UDPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer tx.Close()
+	for _, fd := range fds {
+		if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_SNDBUF, 4<<20); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
 	sizes := []int{0, 1, 100, 1472, 9000, 65507, 2, 3, 4, 5, 6}
 	datagram := func(i int) []byte {
 		b := make([]byte, sizes[i])
@@ -33,8 +37,8 @@ func TestReplyBatchTakesWhatTheSocketHolds(t *testing.T) {
 		return b
 	}
 	for i := range sizes {
-		if _, err := tx.Write(datagram(i)); err != nil {
-			t.Fatal(err)
+		if _, err := syscall.Write(fds[1], datagram(i)); err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
 		}
 	}
 	b := newReplyBatch()

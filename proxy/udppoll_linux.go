@@ -39,6 +39,8 @@ type replyPoller struct {
 	running bool
 	flows   map[uint64]*udpFlow
 	next    uint64 // ids start at 1; 0 is the wake pipe
+
+	err error // why run stopped before Run's end, if it did; read after run returns
 }
 
 func newReplyPoller() (*replyPoller, error) {
@@ -138,6 +140,7 @@ func (rp *replyPoller) run(ctx context.Context) { // UDP reply poller
 	}
 	for {
 		if err := rp.eprc.Read(wait); err != nil || werr != nil {
+			rp.err = errors.Join(err, werr) // Run logs it
 			break
 		}
 		woken := false

@@ -10,7 +10,7 @@ import (
 
 // replyPoller exists on Linux only (udppoll_linux.go); elsewhere every UDP
 // flow relays its replies on a goroutine of its own.
-type replyPoller struct{}
+type replyPoller struct{ err error }
 
 func newReplyPoller() (*replyPoller, error) {
 	return nil, errors.New("proxy: no reply poller on this system")

@@ -81,24 +81,34 @@ func tcpData(src, dst netip.AddrPort, seq, ack uint32, payload []byte) []byte {
 	return b
 }
 
+// handshakeDuringSYNACK sends the client's SYN, and once the stack is
+// writing the SYN-ACK, the client's first segment ("hi") on a goroutine of
+// its own, as the TUN reader would; delivered is closed when the gate
+// handed that segment on.
+func (l *holdingLink) handshakeDuringSYNACK(t *testing.T) (delivered chan struct{}) {
+	t.Helper()
+	l.inject(tcpPacket(client, service, header.TCPFlagSyn, 1000, 0))
+	var synAck []byte
+	select {
+	case synAck = <-l.synAcks:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no SYN-ACK")
+	}
+	iss := header.TCP(header.IPv4(synAck).Payload()).SequenceNumber()
+	delivered = make(chan struct{})
+	go func() { // the TUN reader
+		l.inject(tcpData(client, service, 1001, iss+1, []byte("hi")))
+		close(delivered)
+	}()
+	return delivered
+}
+
 // TestClientSegmentWaitsForTheSYNACKWrite: the client's first segment,
 // read while its SYN-ACK is still being written, reaches gVisor only once
 // that write returned (synack.go), and is then served (echoed).
 func TestClientSegmentWaitsForTheSYNACKWrite(t *testing.T) {
 	st, hl := newHoldingStack(t, time.Minute)
-	hl.inject(tcpPacket(client, service, header.TCPFlagSyn, 1000, 0))
-	var synAck []byte
-	select {
-	case synAck = <-hl.synAcks:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no SYN-ACK")
-	}
-	iss := header.TCP(header.IPv4(synAck).Payload()).SequenceNumber()
-	delivered := make(chan struct{})
-	go func() { // the TUN reader
-		hl.inject(tcpData(client, service, 1001, iss+1, []byte("hi")))
-		close(delivered)
-	}()
+	delivered := hl.handshakeDuringSYNACK(t)
 	select {
 	case <-delivered:
 		t.Fatal("the client's segment was delivered while its SYN-ACK was being written")
@@ -132,19 +142,7 @@ func TestClientSegmentWaitsForTheSYNACKWrite(t *testing.T) {
 // reader for the limit only.
 func TestSYNACKWaitIsBounded(t *testing.T) {
 	st, hl := newHoldingStack(t, 20*time.Millisecond)
-	hl.inject(tcpPacket(client, service, header.TCPFlagSyn, 1000, 0))
-	var synAck []byte
-	select {
-	case synAck = <-hl.synAcks:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no SYN-ACK")
-	}
-	iss := header.TCP(header.IPv4(synAck).Payload()).SequenceNumber()
-	delivered := make(chan struct{})
-	go func() {
-		hl.inject(tcpData(client, service, 1001, iss+1, []byte("hi")))
-		close(delivered)
-	}()
+	delivered := hl.handshakeDuringSYNACK(t)
 	select {
 	case <-delivered:
 	case <-time.After(10 * time.Second):

@@ -159,7 +159,7 @@ var ErrReplyDropped = errors.New("netstack: UDP reply dropped (send buffer full)
 // closed. Not safe for concurrent use; b is not kept.
 func (r *UDPRequest) Reply(b []byte) error {
 	if r.out != nil {
-		if done, err := r.replyDirect(r.out, b); done {
+		if done, err := r.replyDirect(b); done {
 			return err
 		}
 	}

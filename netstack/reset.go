@@ -98,24 +98,35 @@ const (
 	tcpACK = 0x10
 )
 
-// tcpSegment returns the Original-direction tuple (client -> service) and
-// the flags of b when b is a TCP segment in IPv4 or in IPv6 without
-// extension headers, travelling in direction dir.
-func tcpSegment(b []byte, dir conntrack.Direction) (conntrack.Tuple, byte, bool) {
-	var src, dst netip.Addr
+// tcpOffset returns where the TCP header of b starts when b is a TCP
+// segment in IPv4 or in IPv6 without extension headers, with room for the
+// header's fixed part.
+func tcpOffset(b []byte) (int, bool) {
 	var off int
 	switch {
 	case len(b) >= 20 && b[0]>>4 == 4 && b[9] == 6:
 		off = int(b[0]&0x0f) * 4
-		src, dst = netip.AddrFrom4([4]byte(b[12:16])), netip.AddrFrom4([4]byte(b[16:20]))
 	case len(b) >= 40 && b[0]>>4 == 6 && b[6] == 6:
 		off = 40
-		src, dst = netip.AddrFrom16([16]byte(b[8:24])), netip.AddrFrom16([16]byte(b[24:40]))
 	default:
+		return 0, false
+	}
+	return off, off >= 20 && len(b) >= off+20
+}
+
+// tcpSegment returns the Original-direction tuple (client -> service) and
+// the flags of b when b is a TCP segment (tcpOffset), travelling in
+// direction dir.
+func tcpSegment(b []byte, dir conntrack.Direction) (conntrack.Tuple, byte, bool) {
+	off, ok := tcpOffset(b)
+	if !ok {
 		return conntrack.Tuple{}, 0, false
 	}
-	if off < 20 || len(b) < off+20 {
-		return conntrack.Tuple{}, 0, false
+	var src, dst netip.Addr
+	if b[0]>>4 == 4 {
+		src, dst = netip.AddrFrom4([4]byte(b[12:16])), netip.AddrFrom4([4]byte(b[16:20]))
+	} else {
+		src, dst = netip.AddrFrom16([16]byte(b[8:24])), netip.AddrFrom16([16]byte(b[24:40]))
 	}
 	from := netip.AddrPortFrom(src, binary.BigEndian.Uint16(b[off:]))
 	to := netip.AddrPortFrom(dst, binary.BigEndian.Uint16(b[off+2:]))

@@ -72,8 +72,9 @@ func (s *synAckWrites) wait(t conntrack.Tuple) {
 	timer.Stop()
 }
 
-// isSynAck reports whether b, a valid IPv4 or IPv6 TCP packet, is a SYN-ACK.
+// isSynAck reports whether b, a valid IPv4 or IPv6 TCP packet, is a
+// SYN-ACK: it reads the flags alone, for every TCP packet the stack writes.
 func isSynAck(b []byte) bool {
-	_, flags, ok := tcpSegment(b, conntrack.Reply)
-	return ok && flags&(tcpSYN|tcpACK) == tcpSYN|tcpACK
+	off, ok := tcpOffset(b)
+	return ok && b[off+13]&(tcpSYN|tcpACK) == tcpSYN|tcpACK
 }

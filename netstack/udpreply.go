@@ -46,10 +46,11 @@ func (c udpConn) Close() error {
 	return c.Conn.Close()
 }
 
-// replyDirect writes b to the client from the service address through out;
-// it reports false when b does not fit the link's MTU, and nothing was
-// written.
-func (r *UDPRequest) replyDirect(out *gate, b []byte) (bool, error) {
+// replyDirect writes b to the client from the service address through
+// r.out; it reports false when b does not fit the link's MTU, and nothing
+// was written.
+func (r *UDPRequest) replyDirect(b []byte) (bool, error) {
+	out := r.out
 	v4 := r.client.Addr().Is4()
 	hlen := header.IPv6MinimumSize
 	if v4 {
@@ -64,9 +65,10 @@ func (r *UDPRequest) replyDirect(out *gate, b []byte) (bool, error) {
 	}
 	v := buffer.NewViewSize(total)
 	p := v.AsSlice()
-	src, dst := r.svc.Addr(), r.client.Addr()
+	var src, dst tcpip.Address
 	var proto tcpip.NetworkProtocolNumber
 	if v4 {
+		src, dst = tcpip.AddrFrom4(r.svc.Addr().As4()), tcpip.AddrFrom4(r.client.Addr().As4())
 		proto = header.IPv4ProtocolNumber
 		ip := header.IPv4(p)
 		ip.Encode(&header.IPv4Fields{
@@ -74,25 +76,26 @@ func (r *UDPRequest) replyDirect(out *gate, b []byte) (bool, error) {
 			Flags:       header.IPv4FlagDontFragment,
 			TTL:         replyTTL,
 			Protocol:    uint8(header.UDPProtocolNumber),
-			SrcAddr:     tcpip.AddrFrom4(src.As4()),
-			DstAddr:     tcpip.AddrFrom4(dst.As4()),
+			SrcAddr:     src,
+			DstAddr:     dst,
 		})
 		ip.SetChecksum(^ip.CalculateChecksum())
 	} else {
+		src, dst = tcpip.AddrFrom16(r.svc.Addr().As16()), tcpip.AddrFrom16(r.client.Addr().As16())
 		proto = header.IPv6ProtocolNumber
 		header.IPv6(p).Encode(&header.IPv6Fields{
 			PayloadLength:     uint16(header.UDPMinimumSize + len(b)),
 			TransportProtocol: header.UDPProtocolNumber,
 			HopLimit:          replyTTL,
-			SrcAddr:           tcpip.AddrFrom16(src.As16()),
-			DstAddr:           tcpip.AddrFrom16(dst.As16()),
+			SrcAddr:           src,
+			DstAddr:           dst,
 		})
 	}
 	u := header.UDP(p[hlen:])
 	ulen := uint16(header.UDPMinimumSize + len(b))
 	u.Encode(&header.UDPFields{SrcPort: r.svc.Port(), DstPort: r.client.Port(), Length: ulen})
 	copy(u.Payload(), b)
-	xsum := header.PseudoHeaderChecksum(header.UDPProtocolNumber, tcpip.AddrFromSlice(src.AsSlice()), tcpip.AddrFromSlice(dst.AsSlice()), ulen)
+	xsum := header.PseudoHeaderChecksum(header.UDPProtocolNumber, src, dst, ulen)
 	xsum = checksum.Checksum(u, xsum)
 	if xsum != 0xffff {
 		xsum = ^xsum

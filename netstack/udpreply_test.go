@@ -131,13 +131,18 @@ func checkUDPReply(t *testing.T, p []byte, from, to netip.AddrPort, n int) {
 }
 
 // TestUDPReplyAfterClose: once the stack is closing, a reply written by the
-// gate fails instead of reaching a link being closed.
+// gate fails before it reaches the link (which may be closed already: its
+// descriptor reused), not by the link's refusal.
 func TestUDPReplyAfterClose(t *testing.T) {
 	st, _, _ := newTestStack(t, accept)
 	g := st.gates[linkNIC]
 	st.Close()
+	before := st.counters.outbound.Load()
 	r := &UDPRequest{client: netip.MustParseAddrPort("192.0.2.7:40000"), svc: netip.MustParseAddrPort("10.96.0.53:53"), out: g}
-	if done, err := r.replyDirect(g, []byte("late")); !done || err == nil || err == ErrReplyDropped {
+	if done, err := r.replyDirect([]byte("late")); !done || err == nil || err == ErrReplyDropped {
 		t.Fatalf("a reply after Close: %v, %v; want an error that ends the flow", done, err)
+	}
+	if n := st.counters.outbound.Load() - before; n != 0 {
+		t.Fatalf("%d packets handed to the gate's outbound path after Close, want 0", n)
 	}
 }

@@ -200,15 +200,24 @@ func (u *udpFlow) relayOnce() bool {
 				ok = false
 				return true
 			}
-			if werr := u.r.Reply((*bp)[:n]); werr != nil && !errors.Is(werr, netstack.ErrReplyDropped) {
-				ok = false
-			} else if werr == nil {
-				u.p.stats.bytes[1].Add(uint64(n))
-			}
+			ok = u.reply((*bp)[:n])
 			return true
 		}
 	})
 	return ok && err == nil
+}
+
+// reply writes one datagram of the endpoint to the client and counts it;
+// it reports false once the client's side is closed (a reply dropped is
+// not: writes to the client never wait).
+func (u *udpFlow) reply(b []byte) bool {
+	switch err := u.r.Reply(b); {
+	case err == nil:
+		u.p.stats.bytes[1].Add(uint64(len(b)))
+	case !errors.Is(err, netstack.ErrReplyDropped):
+		return false
+	}
+	return true
 }
 
 // finish ends the flow, once (step 6); byReaper says its entry is gone

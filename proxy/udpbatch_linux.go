@@ -10,8 +10,6 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/userproxy/userproxy/netstack"
 )
 
 // replyBatchLen is the most datagrams one recvmmsg takes.
@@ -79,12 +77,9 @@ func (u *udpFlow) relayBatch(b *replyBatch) bool {
 				return true
 			}
 			for i := range n {
-				size := int(b.msgs[i].len)
-				if werr := u.r.Reply((*b.bufs[i])[:size]); werr != nil && werr != netstack.ErrReplyDropped {
+				if !u.reply((*b.bufs[i])[:b.msgs[i].len]) {
 					ok = false
 					return true
-				} else if werr == nil {
-					u.p.stats.bytes[1].Add(uint64(size))
 				}
 			}
 			relayed += n

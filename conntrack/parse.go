@@ -113,6 +113,11 @@ type parseOut struct {
 	s        *segment
 	outerDst *[16]byte
 	kind     packetKind
+	// missing counts the packet's bytes past the end of the slice parsed:
+	// none, except for Table.ClassifyHead, which parses headers alone and
+	// never verifies a checksum. The IP layer sets it to what its payload
+	// lacks, for the transport layer's lengths.
+	missing int
 }
 
 // parseInto parses an IP packet into out.
@@ -146,10 +151,10 @@ func parseIPv4(b []byte, verify bool, p *parseOut) Reason {
 	if total < ihl {
 		return ReasonBadIPHeader
 	}
-	if total > len(b) {
+	if total > len(b)+p.missing {
 		return ReasonBadLength
 	}
-	b = b[:total] // bytes past the total length are link padding
+	b = b[:p.present(b, total)] // bytes past the total length are link padding
 	if verify && !checksumOK(b[:ihl], 0) {
 		return ReasonBadChecksum
 	}
@@ -163,7 +168,7 @@ func parseIPv4(b []byte, verify bool, p *parseOut) Reason {
 	copy(t.src[:4], b[12:16])
 	copy(t.dst[:4], b[16:20])
 	p.s.ipLen = uint32(total)
-	l4 := b[ihl:total]
+	l4 := b[ihl:]
 	switch b[9] {
 	case nhTCP:
 		return parseTCP(l4, verify, p)
@@ -176,6 +181,14 @@ func parseIPv4(b []byte, verify bool, p *parseOut) Reason {
 	return ReasonUnsupportedProtocol
 }
 
+// present returns how many of an IP packet's total bytes the slice b holds,
+// and leaves in p.missing how many of them it does not (ClassifyHead).
+func (p *parseOut) present(b []byte, total int) int {
+	n := min(total, len(b))
+	p.missing = total - n
+	return n
+}
+
 // parseIPv6 checks the fixed header as ipv6_rcv does, walks the extension
 // headers we accept, and hands the upper-layer payload on.
 func parseIPv6(b []byte, verify bool, p *parseOut) Reason {
@@ -183,10 +196,10 @@ func parseIPv6(b []byte, verify bool, p *parseOut) Reason {
 		return ReasonTruncated
 	}
 	total := 40 + int(binary.BigEndian.Uint16(b[4:6]))
-	if total > len(b) {
+	if total > len(b)+p.missing {
 		return ReasonBadLength
 	}
-	b = b[:total]
+	b = b[:p.present(b, total)]
 	nh, off, r := skipIPv6Ext(b, b[6], 40, false)
 	if r != ReasonNone {
 		if r == ReasonUnsupportedProtocol {
@@ -275,8 +288,11 @@ func parseTCP(b []byte, verify bool, p *parseOut) Reason {
 		return ReasonTruncated
 	}
 	doff := int(b[12]>>4) * 4
-	if doff < 20 || doff > len(b) {
+	if doff < 20 || doff > len(b)+p.missing {
 		return ReasonBadDataOffset
+	}
+	if doff > len(b) {
+		return ReasonTruncated // options past the head ClassifyHead was given
 	}
 	t := p.t
 	if verify && !checksumOK(b, pseudoSum(t.family, &t.src, &t.dst, len(b), nhTCP)) {
@@ -295,7 +311,7 @@ func parseTCP(b []byte, verify bool, p *parseOut) Reason {
 	s.sack = s.ack
 	s.win = binary.BigEndian.Uint16(b[14:16])
 	s.flags = flags
-	s.payload = uint32(len(b) - doff)
+	s.payload = uint32(len(b) + p.missing - doff)
 	if doff > 20 {
 		tcpOptions(b[20:doff], s)
 	}
@@ -360,7 +376,7 @@ func parseUDP(b []byte, verify bool, p *parseOut) Reason {
 		return ReasonTruncated
 	}
 	ulen := int(binary.BigEndian.Uint16(b[4:6]))
-	if ulen < 8 || ulen > len(b) {
+	if ulen < 8 || ulen > len(b)+p.missing {
 		return ReasonBadLength
 	}
 	t := p.t

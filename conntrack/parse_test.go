@@ -282,6 +282,97 @@ func TestClassifyTrusted(t *testing.T) {
 	}
 }
 
+// TestClassifyHead: a packet classified from its headers and its size gets
+// what ClassifyTrusted gives the whole packet. Two tables follow one flow in
+// lockstep, one given whole packets, the other heads; the flow's window
+// tracking depends on every payload's length (the client's ACKs of 60,000
+// bytes are in the window only if those bytes were counted), and so do the
+// entry's byte counts.
+func TestClassifyHead(t *testing.T) {
+	for _, fam := range []struct{ c, s netip.AddrPort }{{client4, service4}, {client6, service6}} {
+		whole, _ := newTestTable(t, nil)
+		heads, _ := newTestTable(t, nil)
+		f := newFlow(t, whole, nil, fam.c, fam.s)
+		f.synOpt = [2][]byte{tcpOptWScale(7), tcpOptWScale(7)}
+		step := func(dir Direction, flags uint8, payload int) Verdict {
+			t.Helper()
+			s := f.seg(dir, flags, payload)
+			f.advance(dir, flags, payload)
+			pkt := tcpPacket(s)
+			rw := whole.ClassifyTrusted(pkt, dir)
+			rh := heads.ClassifyHead(pkt[:len(pkt)-payload], len(pkt), dir)
+			if rh != rw {
+				t.Fatalf("%v %s +%d: head %+v, whole packet %+v", dir, flagNames(flags), payload, rh, rw)
+			}
+			if rw.Verdict == New {
+				if err := whole.Confirm(&rw); err != nil {
+					t.Fatal(err)
+				}
+				if err := heads.Confirm(&rh); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return rw.Verdict
+		}
+		step(Original, flagSYN, 0)
+		step(Reply, flagSYN|flagACK, 0)
+		step(Original, flagACK, 0)
+		step(Original, flagACK|flagPSH, 1000)
+		for range 3 {
+			step(Reply, flagACK, 60000)
+		}
+		if v := step(Original, flagACK, 0); v != Established {
+			t.Fatalf("the ACK of 180,000 bytes: %v", v)
+		}
+		f.next[Reply] += 10 << 20 // a segment far past the client's window
+		if v := step(Reply, flagACK, 60000); v != Invalid {
+			t.Fatalf("a segment past the window: %v", v)
+		}
+		iw, _ := whole.Get(f.tuple())
+		ih, _ := heads.Get(f.tuple())
+		if ih.Bytes != iw.Bytes || ih.Packets != iw.Packets || ih.State != iw.State {
+			t.Errorf("entries differ: head %v %v %v, whole packets %v %v %v", ih.Bytes, ih.Packets, ih.State, iw.Bytes, iw.Packets, iw.State)
+		}
+		if want := uint64(3*60000 + 3*(len(tcpPacket(f.seg(Reply, flagACK, 0))))); ih.Bytes[Reply] < want {
+			t.Errorf("reply bytes %d, want at least %d", ih.Bytes[Reply], want)
+		}
+	}
+
+	// Other protocols, and heads that stop short of the headers.
+	tab, _ := newTestTable(t, nil)
+	data := tcpPacket(tcpSeg{src: client6, dst: service6, flags: flagSYN, seq: 1, win: 1000, opts: tcpOptMSS(1400), payload: 100})
+	udp := udpPacket(client4, service4, 500, ipOpts{})
+	quoted := tcpPacket(tcpSeg{src: service4, dst: client4, flags: flagACK, seq: 1, win: 1000, payload: 200})
+	icmp := icmpError(pod4.Addr(), client4.Addr(), 3, 3, quoted, 64)
+	for _, v := range []struct {
+		name   string
+		pkt    []byte
+		head   int
+		reason Reason // ReasonNone: as ClassifyTrusted classifies the whole packet
+	}{
+		{"UDP", udp, 28, ReasonNone},
+		{"ICMP error", icmp, len(icmp), ReasonNone},
+		{"TCP options cut", data, 40 + 22, ReasonTruncated},
+		{"TCP header cut", data, 40 + 10, ReasonTruncated},
+		{"IPv6 header cut", data, 30, ReasonTruncated},
+		{"head longer than the packet", data, len(data), ReasonNone},
+	} {
+		size := len(v.pkt)
+		head := v.pkt[:v.head]
+		if v.name == "head longer than the packet" {
+			head = append(append([]byte(nil), v.pkt...), 0xff, 0xff)
+		}
+		r := tab.ClassifyHead(head, size, Original)
+		want := tab.ClassifyTrusted(v.pkt, Original)
+		if v.reason != ReasonNone {
+			want = Result{Verdict: Invalid, Reason: v.reason, Dir: Original}
+		}
+		if r.Verdict != want.Verdict || r.Reason != want.Reason || r.Tuple != want.Tuple {
+			t.Errorf("%s: %v/%v %v, want %v/%v %v", v.name, r.Verdict, r.Reason, r.Tuple, want.Verdict, want.Reason, want.Tuple)
+		}
+	}
+}
+
 // TestResultTuple: the Result carries the Original-direction tuple in both
 // directions.
 func TestResultTuple(t *testing.T) {

@@ -149,7 +149,7 @@ func (t *Table) locate(k *Tuple) (*shard, uint64) {
 // Any dir other than Original counts as Reply. Classify does not keep pkt. It
 // allocates nothing unless an entry is removed and OnRemove is set.
 func (t *Table) Classify(pkt []byte, dir Direction) (r Result) {
-	return t.classify(pkt, dir, t.verify && dir == Original)
+	return t.classify(pkt, 0, dir, t.verify && dir == Original)
 }
 
 // ClassifyTrusted is Classify for a packet whose checksums are not to be
@@ -159,16 +159,32 @@ func (t *Table) Classify(pkt []byte, dir Direction) (r Result) {
 // conntrack does not verify either: nf_ip_checksum, net/netfilter/utils.c).
 // Every other check is the same.
 func (t *Table) ClassifyTrusted(pkt []byte, dir Direction) Result {
-	return t.classify(pkt, dir, false)
+	return t.classify(pkt, 0, dir, false)
 }
 
-func (t *Table) classify(pkt []byte, dir Direction, verify bool) (r Result) {
+// ClassifyHead is ClassifyTrusted for a packet of size bytes given by its
+// first bytes, head, for a caller that need not copy a payload nothing
+// reads: only the lengths of what lies past the headers count. head must hold
+// the IP header, any IPv6 extension headers and the transport header with its
+// options (for an ICMP error, the quoted headers too); a packet whose headers
+// run past it is INVALID as truncated.
+func (t *Table) ClassifyHead(head []byte, size int, dir Direction) Result {
+	if size < len(head) {
+		head = head[:size]
+	}
+	return t.classify(head, size-len(head), dir, false)
+}
+
+// classify classifies the packet of which pkt holds all but the last
+// missing bytes (ClassifyHead), verifying its checksums if verify is set
+// (only when none is missing).
+func (t *Table) classify(pkt []byte, missing int, dir Direction, verify bool) (r Result) {
 	if dir != Original {
 		dir = Reply
 	}
 	r.Dir = dir
 	var outerDst [16]byte
-	out := parseOut{t: &r.Tuple, s: &r.seg, outerDst: &outerDst}
+	out := parseOut{t: &r.Tuple, s: &r.seg, outerDst: &outerDst, missing: missing}
 	if reason := parseInto(pkt, verify, &out); reason != ReasonNone {
 		proto := r.Tuple.proto
 		r.Tuple = Tuple{}

@@ -32,6 +32,7 @@ import (
 	"sync/atomic"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 
@@ -225,12 +226,12 @@ func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 			drop = markDrop(drop, n, i)
 			continue
 		}
-		b := appendPacket((*bp)[:0], pkt)
+		b := appendHead((*bp)[:0], pkt)
 		if g.resets.passOut(b) {
 			g.counters.resetsOut.Add(1)
 			continue
 		}
-		res := g.ct.Classify(b, conntrack.Reply)
+		res := g.ct.ClassifyHead(b, pkt.Size(), conntrack.Reply)
 		if res.Verdict == conntrack.Invalid {
 			if !res.Reason.Unsupported() { // counted by conntrack, by protocol
 				g.counters.invalidOut.Add(1)
@@ -258,6 +259,21 @@ func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 		return 0, err
 	}
 	return n, nil
+}
+
+// appendHead appends to b what the gate classifies of pkt, a packet on its
+// way out: a TCP segment's IP and TCP headers alone when gVisor set them,
+// else the whole packet. conntrack only counts the payload
+// (conntrack.ClassifyHead; outbound checksums are not verified), and a
+// download's segments carry up to 64 KiB of it each.
+func appendHead(b []byte, pkt *stack.PacketBuffer) []byte {
+	if pkt.TransportProtocolNumber == header.TCPProtocolNumber {
+		nh, th := pkt.NetworkHeader().Slice(), pkt.TransportHeader().Slice()
+		if len(nh) >= header.IPv4MinimumSize && len(th) >= header.TCPMinimumSize {
+			return append(append(b, nh...), th...)
+		}
+	}
+	return appendPacket(b, pkt)
 }
 
 func markDrop(drop []bool, n, i int) []bool {

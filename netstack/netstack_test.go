@@ -1,6 +1,7 @@
 package netstack
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/netip"
@@ -380,5 +381,44 @@ func TestGateTrustsOnlyVouchedChecksums(t *testing.T) {
 		case !vouched && (accepted != 0 || invalid != 1 || tracked):
 			t.Errorf("not vouched for: %d accepted, %d INVALID, tracked %v; want 0, 1, false", accepted, invalid, tracked)
 		}
+	}
+}
+
+// TestOutboundSegmentsClassifiedFromHeaders: the gate classifies gVisor's
+// TCP segments from their headers (appendHead), and conntrack still counts
+// every byte they carry, both ways, with nothing found INVALID: the window
+// tracking of a 4 MiB echo depends on every payload's length.
+func TestOutboundSegmentsClassifiedFromHeaders(t *testing.T) {
+	st, _, ct := newTestStack(t, accept)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := st.DialContext(ctx, "tcp", service.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	const size = 4 << 20
+	out := make([]byte, size)
+	for i := range out {
+		out[i] = byte(i * 7)
+	}
+	go func() { _, _ = c.Write(out) }()
+	in := make([]byte, size)
+	if _, err := io.ReadFull(c, in); err != nil || !bytes.Equal(in, out) {
+		t.Fatalf("echo of %d bytes: %v (equal %v)", size, err, bytes.Equal(in, out))
+	}
+	tuple := conntrack.MakeTuple(conntrack.TCP, netip.MustParseAddrPort(c.LocalAddr().String()), service)
+	e, ok := ct.Get(tuple)
+	if !ok {
+		t.Fatalf("no entry for %v", tuple)
+	}
+	if e.Bytes[conntrack.Original] < size || e.Bytes[conntrack.Reply] < size {
+		t.Errorf("entry bytes %v, want at least %d each way", e.Bytes, size)
+	}
+	if s := st.Stats(); s.InvalidOut != 0 || s.InvalidIn != 0 || ct.Stats().InvalidTotal != 0 {
+		t.Errorf("INVALID: out %d, in %d, conntrack %d", s.InvalidOut, s.InvalidIn, ct.Stats().InvalidTotal)
 	}
 }

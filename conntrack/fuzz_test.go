@@ -96,6 +96,36 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
+// FuzzParseHead parses the first cut bytes of a packet as ClassifyHead does,
+// with the rest of the packet counted but missing. It must never read past
+// the head, and a head that parses as a flow's packet must give what the
+// whole packet gives.
+func FuzzParseHead(f *testing.F) {
+	for _, p := range seedPackets() {
+		f.Add(p, uint16(len(p)))
+		f.Add(p, uint16(min(len(p), 60)))
+		f.Add(p, uint16(min(len(p), 30)))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
+		k := min(int(cut), len(b))
+		head := append([]byte(nil), b[:k]...) // its own array: a read past it panics
+		var ph, pw parsed
+		out := parseOut{t: &ph.tuple, s: &ph.seg, outerDst: &ph.outerDst, missing: len(b) - k}
+		rh := parseInto(head[:k:k], false, &out)
+		ph.kind = out.kind
+		rw := parse(b, false, &pw)
+		if rh >= NumReasons {
+			t.Fatalf("reason out of range: %d", rh)
+		}
+		if rh == ReasonNone && ph.kind == kindFlow && (rw != ReasonNone || ph != pw) {
+			t.Fatalf("head of %d of %d bytes: %+v, whole packet %v %+v", k, len(b), ph, rw, pw)
+		}
+		if k == len(b) && (rh != rw || ph != pw) {
+			t.Fatalf("whole head: %v %+v, parse: %v %+v", rh, ph, rw, pw)
+		}
+	})
+}
+
 // fuzzFlows are the flows FuzzClassify programs talk about.
 var fuzzFlows = []struct {
 	proto Protocol

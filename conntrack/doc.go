@@ -19,6 +19,8 @@
 // # Using it from the gate
 //
 //	res := table.Classify(pkt, conntrack.Original) // or Reply, for packets the stack writes
+//	// or, for a packet whose checksums are not verified, from its headers alone:
+//	res = table.ClassifyHead(pkt[:headers], len(pkt), conntrack.Reply)
 //	switch res.Verdict {
 //	case conntrack.Invalid:     // drop; counted in Stats().Invalid[res.Reason]
 //	case conntrack.New:         // ask admission about res.Tuple; if accepted:

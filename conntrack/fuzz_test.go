@@ -98,13 +98,15 @@ func FuzzParse(f *testing.F) {
 
 // FuzzParseHead parses the first cut bytes of a packet as ClassifyHead does,
 // with the rest of the packet counted but missing. It must never read past
-// the head, and a head that parses as a flow's packet must give what the
-// whole packet gives.
+// the head; a head that parses must give what the whole packet gives, and one
+// that does not fails as the whole packet does, or for the cut (truncated, or
+// an ICMP error's quote cut).
 func FuzzParseHead(f *testing.F) {
 	for _, p := range seedPackets() {
 		f.Add(p, uint16(len(p)))
 		f.Add(p, uint16(min(len(p), 60)))
 		f.Add(p, uint16(min(len(p), 30)))
+		f.Add(append(append([]byte(nil), p...), 0, 0, 0, 0), uint16(min(len(p), 48))) // link padding
 	}
 	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
 		k := min(int(cut), len(b))
@@ -114,11 +116,13 @@ func FuzzParseHead(f *testing.F) {
 		rh := parseInto(head[:k:k], false, &out)
 		ph.kind = out.kind
 		rw := parse(b, false, &pw)
-		if rh >= NumReasons {
+		switch {
+		case rh >= NumReasons:
 			t.Fatalf("reason out of range: %d", rh)
-		}
-		if rh == ReasonNone && ph.kind == kindFlow && (rw != ReasonNone || ph != pw) {
+		case rh == ReasonNone && (rw != ReasonNone || ph != pw):
 			t.Fatalf("head of %d of %d bytes: %+v, whole packet %v %+v", k, len(b), ph, rw, pw)
+		case rh != ReasonNone && rh != rw && rh != ReasonTruncated && rh != ReasonICMPBadInner:
+			t.Fatalf("head of %d of %d bytes: %v, whole packet %v", k, len(b), rh, rw)
 		}
 		if k == len(b) && (rh != rw || ph != pw) {
 			t.Fatalf("whole head: %v %+v, parse: %v %+v", rh, ph, rw, pw)

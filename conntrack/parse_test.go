@@ -338,38 +338,50 @@ func TestClassifyHead(t *testing.T) {
 		}
 	}
 
-	// Other protocols, and heads that stop short of the headers.
-	tab, _ := newTestTable(t, nil)
+	// Other packets, and heads that stop short of the headers: classified
+	// from head, a packet of size bytes (len(pkt) unless padded).
 	data := tcpPacket(tcpSeg{src: client6, dst: service6, flags: flagSYN, seq: 1, win: 1000, opts: tcpOptMSS(1400), payload: 100})
+	withOpts := tcpPacket(tcpSeg{src: client4, dst: service4, flags: flagSYN, seq: 1, win: 1000, payload: 100,
+		ip: ipOpts{ipv4Options: []byte{1, 1, 1, 0}}})
+	withExt := tcpPacket(tcpSeg{src: client6, dst: service6, flags: flagSYN, seq: 1, win: 1000, payload: 100,
+		ip: ipOpts{extHeaders: extHeader(nhTCP, 0), extFirst: nhDestOpts}})
 	udp := udpPacket(client4, service4, 500, ipOpts{})
 	quoted := tcpPacket(tcpSeg{src: service4, dst: client4, flags: flagACK, seq: 1, win: 1000, payload: 200})
-	icmp := icmpError(pod4.Addr(), client4.Addr(), 3, 3, quoted, 64)
+	icmp := icmpError(pod4.Addr(), client4.Addr(), 3, 3, quoted, 100)
+	padded := append(append([]byte(nil), udp...), make([]byte, 12)...) // link padding past the IP length
 	for _, v := range []struct {
 		name   string
-		pkt    []byte
-		head   int
+		pkt    []byte // the whole packet, as ClassifyTrusted sees it
+		head   int    // how much of it ClassifyHead gets
+		extra  []byte // appended to the head (past the packet's end)
 		reason Reason // ReasonNone: as ClassifyTrusted classifies the whole packet
 	}{
-		{"UDP", udp, 28, ReasonNone},
-		{"ICMP error", icmp, len(icmp), ReasonNone},
-		{"TCP options cut", data, 40 + 22, ReasonTruncated},
-		{"TCP header cut", data, 40 + 10, ReasonTruncated},
-		{"IPv6 header cut", data, 30, ReasonTruncated},
-		{"head longer than the packet", data, len(data), ReasonNone},
+		{"UDP", udp, 28, nil, ReasonNone},
+		{"UDP with link padding", padded, 28, nil, ReasonNone},
+		{"IPv4 options", withOpts, 24 + 20, nil, ReasonNone},
+		{"IPv6 extension header", withExt, 40 + 8 + 20, nil, ReasonNone},
+		{"ICMP error, quote cut after the ports", icmp, 20 + 8 + 20 + 4, nil, ReasonNone},
+		{"ICMP error, quote cut in its IP header", icmp, 20 + 8 + 10, nil, ReasonICMPBadInner},
+		{"IPv6 extension header cut", withExt, 40 + 4, nil, ReasonTruncated},
+		{"TCP options cut", data, 40 + 22, nil, ReasonTruncated},
+		{"TCP header cut", data, 40 + 10, nil, ReasonTruncated},
+		{"IPv6 header cut", data, 30, nil, ReasonTruncated},
+		{"head longer than the packet", data, len(data), []byte{0xff, 0xff}, ReasonNone},
 	} {
-		size := len(v.pkt)
-		head := v.pkt[:v.head]
-		if v.name == "head longer than the packet" {
-			head = append(append([]byte(nil), v.pkt...), 0xff, 0xff)
-		}
-		r := tab.ClassifyHead(head, size, Original)
-		want := tab.ClassifyTrusted(v.pkt, Original)
-		if v.reason != ReasonNone {
-			want = Result{Verdict: Invalid, Reason: v.reason, Dir: Original}
-		}
-		if r.Verdict != want.Verdict || r.Reason != want.Reason || r.Tuple != want.Tuple {
-			t.Errorf("%s: %v/%v %v, want %v/%v %v", v.name, r.Verdict, r.Reason, r.Tuple, want.Verdict, want.Reason, want.Tuple)
-		}
+		t.Run(v.name, func(t *testing.T) {
+			tab, _ := newTestTable(t, nil)
+			head := append(append([]byte(nil), v.pkt[:v.head]...), v.extra...)
+			r := tab.ClassifyHead(head, len(v.pkt), Original)
+			want := tab.ClassifyTrusted(v.pkt, Original)
+			if v.reason != ReasonNone {
+				want = Result{Verdict: Invalid, Reason: v.reason, Dir: Original}
+			} else if want.Verdict == Invalid && want.Reason != ReasonICMPUnrelated {
+				t.Fatalf("the whole packet is INVALID: %v", want.Reason)
+			}
+			if r.Verdict != want.Verdict || r.Reason != want.Reason || r.Tuple != want.Tuple {
+				t.Errorf("%v/%v %v, want %v/%v %v", r.Verdict, r.Reason, r.Tuple, want.Verdict, want.Reason, want.Tuple)
+			}
+		})
 	}
 }
 

@@ -167,7 +167,8 @@ func (t *Table) ClassifyTrusted(pkt []byte, dir Direction) Result {
 // reads: only the lengths of what lies past the headers count. head must hold
 // the IP header, any IPv6 extension headers and the transport header with its
 // options (for an ICMP error, the quoted headers too); a packet whose headers
-// run past it is INVALID as truncated.
+// run past it is INVALID, as truncated (an ICMP error whose quote is cut, as
+// icmp_bad_inner).
 func (t *Table) ClassifyHead(head []byte, size int, dir Direction) Result {
 	if size < len(head) {
 		head = head[:size]
@@ -185,7 +186,7 @@ func (t *Table) classify(pkt []byte, missing int, dir Direction, verify bool) (r
 	r.Dir = dir
 	var outerDst [16]byte
 	out := parseOut{t: &r.Tuple, s: &r.seg, outerDst: &outerDst, missing: missing}
-	if reason := parseInto(pkt, verify, &out); reason != ReasonNone {
+	if reason := parseInto(pkt, verify && missing == 0, &out); reason != ReasonNone {
 		proto := r.Tuple.proto
 		r.Tuple = Tuple{}
 		if reason.Unsupported() {

@@ -65,7 +65,7 @@ func BenchmarkGateOutboundClassify(b *testing.B) {
 	if r := ct.Classify(tcpPacket(service, client, header.TCPFlagSyn|header.TCPFlagAck, 5000, 1001), conntrack.Reply); r.Verdict != conntrack.Established {
 		b.Fatalf("SYN-ACK: %v", r.Verdict)
 	}
-	pkt := gvisorSegment(service, client, 5001, 1001, make([]byte, 64000))
+	pkt := gvisorSegment(service, client, 5001, 1001, nil, make([]byte, 64000))
 	defer pkt.DecRef()
 	buf := make([]byte, 0, maxPacket)
 	for _, bc := range []struct {
@@ -87,22 +87,30 @@ func BenchmarkGateOutboundClassify(b *testing.B) {
 	}
 }
 
-// gvisorSegment builds an IPv4 TCP segment the way gVisor's TCP endpoint
-// hands one to its link: the headers pushed in front of the payload, the
-// transport protocol set. Checksums are left zero (outbound ones are not
-// verified).
-func gvisorSegment(src, dst netip.AddrPort, seq, ack uint32, payload []byte) *stack.PacketBuffer {
+// gvisorSegment builds a TCP segment the way gVisor's TCP endpoint hands
+// one to its link: the TCP header (with opts) and then the IPv4 or IPv6
+// header pushed in front of the payload, the protocols set. Checksums are
+// left zero (outbound ones are not verified).
+func gvisorSegment(src, dst netip.AddrPort, seq, ack uint32, opts, payload []byte) *stack.PacketBuffer {
+	thLen := header.TCPMinimumSize + len(opts)
 	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{
-		ReserveHeaderBytes: header.IPv4MinimumSize + header.TCPMinimumSize,
+		ReserveHeaderBytes: header.IPv6MinimumSize + thLen,
 		Payload:            buffer.MakeWithData(payload),
 	})
-	tcp := header.TCP(pkt.TransportHeader().Push(header.TCPMinimumSize))
+	tcp := header.TCP(pkt.TransportHeader().Push(thLen))
 	tcp.Encode(&header.TCPFields{SrcPort: src.Port(), DstPort: dst.Port(), SeqNum: seq, AckNum: ack,
-		DataOffset: header.TCPMinimumSize, Flags: header.TCPFlagAck | header.TCPFlagPsh, WindowSize: 65535})
+		DataOffset: uint8(thLen), Flags: header.TCPFlagAck | header.TCPFlagPsh, WindowSize: 65535})
+	copy(tcp[header.TCPMinimumSize:], opts)
 	pkt.TransportProtocolNumber = header.TCPProtocolNumber
-	ip := header.IPv4(pkt.NetworkHeader().Push(header.IPv4MinimumSize))
-	ip.Encode(&header.IPv4Fields{TotalLength: uint16(pkt.Size()), TTL: 64, Protocol: uint8(header.TCPProtocolNumber),
-		SrcAddr: tcpip.AddrFrom4(src.Addr().As4()), DstAddr: tcpip.AddrFrom4(dst.Addr().As4())})
-	pkt.NetworkProtocolNumber = header.IPv4ProtocolNumber
+	s, d := tcpip.AddrFromSlice(src.Addr().AsSlice()), tcpip.AddrFromSlice(dst.Addr().AsSlice())
+	if src.Addr().Is4() {
+		ip := header.IPv4(pkt.NetworkHeader().Push(header.IPv4MinimumSize))
+		ip.Encode(&header.IPv4Fields{TotalLength: uint16(pkt.Size()), TTL: 64, Protocol: uint8(header.TCPProtocolNumber), SrcAddr: s, DstAddr: d})
+		pkt.NetworkProtocolNumber = header.IPv4ProtocolNumber
+	} else {
+		ip := header.IPv6(pkt.NetworkHeader().Push(header.IPv6MinimumSize))
+		ip.Encode(&header.IPv6Fields{PayloadLength: uint16(pkt.Size() - header.IPv6MinimumSize), TransportProtocol: header.TCPProtocolNumber, HopLimit: 64, SrcAddr: s, DstAddr: d})
+		pkt.NetworkProtocolNumber = header.IPv6ProtocolNumber
+	}
 	return pkt
 }

@@ -59,8 +59,9 @@ const (
 // and must not block.
 type AdmitFunc func(flow conntrack.Tuple) Decision
 
-// maxPacket is the largest packet the gate copies: the IPv4 and IPv6 (without
-// jumbograms) maximum.
+// maxPacket is the largest packet the gate accepts, and the size of the
+// buffers it copies packets (or their headers) into to classify them: the
+// IPv4 and IPv6 (without jumbograms) maximum.
 const maxPacket = 65535 + 40
 
 // packetPool holds buffers of maxPacket bytes for classification.
@@ -269,6 +270,8 @@ func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 func appendHead(b []byte, pkt *stack.PacketBuffer) []byte {
 	if pkt.TransportProtocolNumber == header.TCPProtocolNumber {
 		nh, th := pkt.NetworkHeader().Slice(), pkt.TransportHeader().Slice()
+		// Not a full check (IPv6's header is 40 bytes): what is set at all
+		// is gVisor's whole header, which conntrack then parses.
 		if len(nh) >= header.IPv4MinimumSize && len(th) >= header.TCPMinimumSize {
 			return append(append(b, nh...), th...)
 		}

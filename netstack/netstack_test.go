@@ -384,6 +384,48 @@ func TestGateTrustsOnlyVouchedChecksums(t *testing.T) {
 	}
 }
 
+// TestAppendHead: of a segment gVisor built, the gate copies the IP and TCP
+// headers alone, and conntrack classifies them as it classifies the whole
+// segment; any other packet is copied whole.
+func TestAppendHead(t *testing.T) {
+	client6 := netip.MustParseAddrPort("[fd00::7]:40000")
+	service6 := netip.MustParseAddrPort("[fd00:96::10]:80")
+	mss := []byte{2, 4, 0x05, 0xb4}
+	for _, v := range []struct {
+		name    string
+		c, s    netip.AddrPort
+		opts    []byte
+		headers int
+	}{
+		{"IPv4", client, service, nil, 40},
+		{"IPv4 with options", client, service, mss, 44},
+		{"IPv6", client6, service6, nil, 60},
+		{"IPv6 with options", client6, service6, mss, 64},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			pkt := gvisorSegment(v.s, v.c, 5001, 1001, v.opts, make([]byte, 3000))
+			defer pkt.DecRef()
+			head := appendHead(nil, pkt)
+			whole := appendPacket(nil, pkt)
+			if len(head) != v.headers || !bytes.Equal(head, whole[:v.headers]) {
+				t.Fatalf("head %d bytes (%x), want the segment's first %d", len(head), head, v.headers)
+			}
+			heads, _ := conntrack.NewTable(conntrack.Config{})
+			wholes, _ := conntrack.NewTable(conntrack.Config{})
+			rh := heads.ClassifyHead(head, pkt.Size(), conntrack.Reply)
+			rw := wholes.Classify(whole, conntrack.Reply)
+			if rh != rw || rh.Tuple != conntrack.MakeTuple(conntrack.TCP, v.c, v.s) {
+				t.Errorf("head %v/%v %v, whole %v/%v %v", rh.Verdict, rh.Reason, rh.Tuple, rw.Verdict, rw.Reason, rw.Tuple)
+			}
+		})
+	}
+	udp := newPacket(udpDatagram(client, service, make([]byte, 100)), header.IPv4ProtocolNumber)
+	defer udp.DecRef()
+	if got := appendHead(nil, udp); len(got) != udp.Size() {
+		t.Errorf("a packet without gVisor's TCP headers: %d of %d bytes copied", len(got), udp.Size())
+	}
+}
+
 // TestOutboundSegmentsClassifiedFromHeaders: the gate classifies gVisor's
 // TCP segments from their headers (appendHead), and conntrack still counts
 // every byte they carry, both ways, with nothing found INVALID: the window

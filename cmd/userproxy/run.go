@@ -2,7 +2,7 @@ package main
 
 // userproxy run, in order:
 //
-//  1. flags, logger;
+//  1. flags, logger; the open-file limit logged;
 //  2. the conntrack table, the proxy, the service tracker (which hands each
 //     new table to the proxy);
 //  3. the source of objects: --config (file or directory) or the API server;
@@ -30,6 +30,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -248,6 +249,8 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 }
 
 func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
+	// 1. A descriptor per proxied connection and flow.
+	logFileLimit(logger)
 	// 2. The proxy and its conntrack table (a random hash seed, a coarse
 	// clock ticked by px.Run, which also sweeps and ends flows), the tracker.
 	timeouts := conntrack.DefaultTimeouts()
@@ -540,4 +543,18 @@ func watchNode(ctx context.Context, client kubernetes.Interface, f *runFlags, tr
 	if err != nil {
 		logger.Error("watching this Node", zap.Error(err))
 	}
+}
+
+// logFileLimit logs the open-file limit run works within (Go's runtime has
+// raised the soft limit to the hard one). Every proxied TCP connection holds
+// a host socket, and so does every UDP flow; a dial that finds no descriptor
+// left refuses its client and counts as dial_failed.
+func logFileLimit(logger *zap.Logger) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		logger.Warn("reading the open file limit", zap.Error(err))
+		return
+	}
+	logger.Info("open file limit: one descriptor per proxied TCP connection and per UDP flow",
+		zap.Uint64("soft", lim.Cur), zap.Uint64("hard", lim.Max))
 }

@@ -338,26 +338,38 @@ func TestClassifyHead(t *testing.T) {
 		}
 	}
 
-	// Other packets, and heads that stop short of the headers: classified
-	// from head, a packet of size bytes (len(pkt) unless padded).
+	// Other packets, and heads that stop short of the headers, on tables
+	// that track one TCP flow (client4 -> service4), so that an ICMP error
+	// about it is RELATED. Head and whole packet each go to a table of
+	// their own.
 	data := tcpPacket(tcpSeg{src: client6, dst: service6, flags: flagSYN, seq: 1, win: 1000, opts: tcpOptMSS(1400), payload: 100})
-	withOpts := tcpPacket(tcpSeg{src: client4, dst: service4, flags: flagSYN, seq: 1, win: 1000, payload: 100,
+	withOpts := tcpPacket(tcpSeg{src: client4, dst: netip.MustParseAddrPort("10.96.0.11:80"), flags: flagSYN, seq: 1, win: 1000, payload: 100,
 		ip: ipOpts{ipv4Options: []byte{1, 1, 1, 0}}})
 	withExt := tcpPacket(tcpSeg{src: client6, dst: service6, flags: flagSYN, seq: 1, win: 1000, payload: 100,
 		ip: ipOpts{extHeaders: extHeader(nhTCP, 0), extFirst: nhDestOpts}})
 	udp := udpPacket(client4, service4, 500, ipOpts{})
-	quoted := tcpPacket(tcpSeg{src: service4, dst: client4, flags: flagACK, seq: 1, win: 1000, payload: 200})
-	icmp := icmpError(pod4.Addr(), client4.Addr(), 3, 3, quoted, 100)
-	padded := append(append([]byte(nil), udp...), make([]byte, 12)...) // link padding past the IP length
+	quoted := tcpPacket(tcpSeg{src: service4, dst: client4, flags: flagSYN | flagACK, seq: 1, ack: 2, win: 1000, payload: 200})
+	icmp := icmpError(client4.Addr(), service4.Addr(), 3, 3, quoted, 100) // about the tracked flow
+	// pad appends link padding.
+	pad := func(p []byte) []byte { return append(append([]byte(nil), p...), make([]byte, 12)...) }
+	tracking := func(t *testing.T) *Table {
+		tab, _ := newTestTable(t, nil)
+		r := tab.Classify(syn4(flagSYN), Original)
+		if err := tab.Confirm(&r); err != nil {
+			t.Fatal(err)
+		}
+		return tab
+	}
 	for _, v := range []struct {
 		name   string
-		pkt    []byte // the whole packet, as ClassifyTrusted sees it
+		pkt    []byte // the whole packet, as ClassifyTrusted sees it; ClassifyHead is given its size
 		head   int    // how much of it ClassifyHead gets
 		extra  []byte // appended to the head (past the packet's end)
-		reason Reason // ReasonNone: as ClassifyTrusted classifies the whole packet
+		reason Reason // ReasonNone: the very Result ClassifyTrusted gives the whole packet
 	}{
 		{"UDP", udp, 28, nil, ReasonNone},
-		{"UDP with link padding", padded, 28, nil, ReasonNone},
+		{"UDP with link padding", pad(udp), 28, nil, ReasonNone},
+		{"TCP with link padding", pad(data), 40 + 24, nil, ReasonNone},
 		{"IPv4 options", withOpts, 24 + 20, nil, ReasonNone},
 		{"IPv6 extension header", withExt, 40 + 8 + 20, nil, ReasonNone},
 		{"ICMP error, quote cut after the ports", icmp, 20 + 8 + 20 + 4, nil, ReasonNone},
@@ -369,17 +381,20 @@ func TestClassifyHead(t *testing.T) {
 		{"head longer than the packet", data, len(data), []byte{0xff, 0xff}, ReasonNone},
 	} {
 		t.Run(v.name, func(t *testing.T) {
-			tab, _ := newTestTable(t, nil)
 			head := append(append([]byte(nil), v.pkt[:v.head]...), v.extra...)
-			r := tab.ClassifyHead(head, len(v.pkt), Original)
-			want := tab.ClassifyTrusted(v.pkt, Original)
+			r := tracking(t).ClassifyHead(head, len(v.pkt), Original)
 			if v.reason != ReasonNone {
-				want = Result{Verdict: Invalid, Reason: v.reason, Dir: Original}
-			} else if want.Verdict == Invalid && want.Reason != ReasonICMPUnrelated {
+				if r.Verdict != Invalid || r.Reason != v.reason {
+					t.Errorf("%v/%v, want INVALID/%v", r.Verdict, r.Reason, v.reason)
+				}
+				return
+			}
+			want := tracking(t).ClassifyTrusted(v.pkt, Original)
+			if want.Verdict == Invalid {
 				t.Fatalf("the whole packet is INVALID: %v", want.Reason)
 			}
-			if r.Verdict != want.Verdict || r.Reason != want.Reason || r.Tuple != want.Tuple {
-				t.Errorf("%v/%v %v, want %v/%v %v", r.Verdict, r.Reason, r.Tuple, want.Verdict, want.Reason, want.Tuple)
+			if r != want {
+				t.Errorf("%+v, want %+v", r, want)
 			}
 		})
 	}

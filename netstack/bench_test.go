@@ -1,11 +1,8 @@
 package netstack
 
 import (
-	"net/netip"
 	"testing"
 
-	"gvisor.dev/gvisor/pkg/buffer"
-	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 
@@ -85,32 +82,4 @@ func BenchmarkGateOutboundClassify(b *testing.B) {
 			}
 		})
 	}
-}
-
-// gvisorSegment builds a TCP segment the way gVisor's TCP endpoint hands
-// one to its link: the TCP header (with opts) and then the IPv4 or IPv6
-// header pushed in front of the payload, the protocols set. Checksums are
-// left zero (outbound ones are not verified).
-func gvisorSegment(src, dst netip.AddrPort, seq, ack uint32, opts, payload []byte) *stack.PacketBuffer {
-	thLen := header.TCPMinimumSize + len(opts)
-	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{
-		ReserveHeaderBytes: header.IPv6MinimumSize + thLen,
-		Payload:            buffer.MakeWithData(payload),
-	})
-	tcp := header.TCP(pkt.TransportHeader().Push(thLen))
-	tcp.Encode(&header.TCPFields{SrcPort: src.Port(), DstPort: dst.Port(), SeqNum: seq, AckNum: ack,
-		DataOffset: uint8(thLen), Flags: header.TCPFlagAck | header.TCPFlagPsh, WindowSize: 65535})
-	copy(tcp[header.TCPMinimumSize:], opts)
-	pkt.TransportProtocolNumber = header.TCPProtocolNumber
-	s, d := tcpip.AddrFromSlice(src.Addr().AsSlice()), tcpip.AddrFromSlice(dst.Addr().AsSlice())
-	if src.Addr().Is4() {
-		ip := header.IPv4(pkt.NetworkHeader().Push(header.IPv4MinimumSize))
-		ip.Encode(&header.IPv4Fields{TotalLength: uint16(pkt.Size()), TTL: 64, Protocol: uint8(header.TCPProtocolNumber), SrcAddr: s, DstAddr: d})
-		pkt.NetworkProtocolNumber = header.IPv4ProtocolNumber
-	} else {
-		ip := header.IPv6(pkt.NetworkHeader().Push(header.IPv6MinimumSize))
-		ip.Encode(&header.IPv6Fields{PayloadLength: uint16(pkt.Size() - header.IPv6MinimumSize), TransportProtocol: header.TCPProtocolNumber, HopLimit: 64, SrcAddr: s, DstAddr: d})
-		pkt.NetworkProtocolNumber = header.IPv6ProtocolNumber
-	}
-	return pkt
 }

@@ -66,6 +66,34 @@ func tcpPacket(src, dst netip.AddrPort, flags header.TCPFlags, seq, ack uint32) 
 	return b
 }
 
+// gvisorSegment builds a TCP segment the way gVisor's TCP endpoint hands
+// one to its link: the TCP header (with opts) and then the IPv4 or IPv6
+// header pushed in front of the payload, the protocols set. Checksums are
+// left zero (outbound ones are not verified).
+func gvisorSegment(src, dst netip.AddrPort, seq, ack uint32, opts, payload []byte) *stack.PacketBuffer {
+	thLen := header.TCPMinimumSize + len(opts)
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{
+		ReserveHeaderBytes: header.IPv6MinimumSize + thLen,
+		Payload:            buffer.MakeWithData(payload),
+	})
+	tcp := header.TCP(pkt.TransportHeader().Push(thLen))
+	tcp.Encode(&header.TCPFields{SrcPort: src.Port(), DstPort: dst.Port(), SeqNum: seq, AckNum: ack,
+		DataOffset: uint8(thLen), Flags: header.TCPFlagAck | header.TCPFlagPsh, WindowSize: 65535})
+	copy(tcp[header.TCPMinimumSize:], opts)
+	pkt.TransportProtocolNumber = header.TCPProtocolNumber
+	s, d := tcpip.AddrFromSlice(src.Addr().AsSlice()), tcpip.AddrFromSlice(dst.Addr().AsSlice())
+	if src.Addr().Is4() {
+		ip := header.IPv4(pkt.NetworkHeader().Push(header.IPv4MinimumSize))
+		ip.Encode(&header.IPv4Fields{TotalLength: uint16(pkt.Size()), TTL: 64, Protocol: uint8(header.TCPProtocolNumber), SrcAddr: s, DstAddr: d})
+		pkt.NetworkProtocolNumber = header.IPv4ProtocolNumber
+	} else {
+		ip := header.IPv6(pkt.NetworkHeader().Push(header.IPv6MinimumSize))
+		ip.Encode(&header.IPv6Fields{PayloadLength: uint16(pkt.Size() - header.IPv6MinimumSize), TransportProtocol: header.TCPProtocolNumber, HopLimit: 64, SrcAddr: s, DstAddr: d})
+		pkt.NetworkProtocolNumber = header.IPv6ProtocolNumber
+	}
+	return pkt
+}
+
 var (
 	client  = netip.MustParseAddrPort("192.0.2.7:40000")
 	service = netip.MustParseAddrPort("10.96.0.10:80")
@@ -384,8 +412,8 @@ func TestGateTrustsOnlyVouchedChecksums(t *testing.T) {
 	}
 }
 
-// TestAppendHead: of a segment gVisor built, the gate copies the IP and TCP
-// headers alone, and conntrack classifies them as it classifies the whole
+// TestAppendHead: of a segment built as gVisor's TCP endpoint builds one,
+// the gate copies the IP and TCP headers alone, and conntrack classifies them as it classifies the whole
 // segment; any other packet is copied whole.
 func TestAppendHead(t *testing.T) {
 	client6 := netip.MustParseAddrPort("[fd00::7]:40000")
@@ -410,8 +438,16 @@ func TestAppendHead(t *testing.T) {
 			if len(head) != v.headers || !bytes.Equal(head, whole[:v.headers]) {
 				t.Fatalf("head %d bytes (%x), want the segment's first %d", len(head), head, v.headers)
 			}
-			heads, _ := conntrack.NewTable(conntrack.Config{})
-			wholes, _ := conntrack.NewTable(conntrack.Config{})
+			// No table tracks the flow: both results are no_entry_reply,
+			// and they carry the parsed segment, which must be the same.
+			heads, err := conntrack.NewTable(conntrack.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wholes, err := conntrack.NewTable(conntrack.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
 			rh := heads.ClassifyHead(head, pkt.Size(), conntrack.Reply)
 			rw := wholes.Classify(whole, conntrack.Reply)
 			if rh != rw || rh.Tuple != conntrack.MakeTuple(conntrack.TCP, v.c, v.s) {
@@ -419,10 +455,15 @@ func TestAppendHead(t *testing.T) {
 			}
 		})
 	}
-	udp := newPacket(udpDatagram(client, service, make([]byte, 100)), header.IPv4ProtocolNumber)
-	defer udp.DecRef()
-	if got := appendHead(nil, udp); len(got) != udp.Size() {
-		t.Errorf("a packet without gVisor's TCP headers: %d of %d bytes copied", len(got), udp.Size())
+	// A TCP packet built whole, as the gate builds its own: the protocol
+	// set, no headers pushed.
+	raw := append(tcpPacket(client, service, header.TCPFlagAck, 1, 1), make([]byte, 100)...)
+	header.IPv4(raw).SetTotalLength(uint16(len(raw)))
+	own := newPacket(raw, header.IPv4ProtocolNumber)
+	defer own.DecRef()
+	own.TransportProtocolNumber = header.TCPProtocolNumber
+	if got := appendHead(nil, own); len(got) != own.Size() {
+		t.Errorf("a TCP packet without gVisor's headers: %d of %d bytes copied", len(got), own.Size())
 	}
 }
 

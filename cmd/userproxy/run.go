@@ -545,10 +545,11 @@ func watchNode(ctx context.Context, client kubernetes.Interface, f *runFlags, tr
 	}
 }
 
-// logFileLimit logs the open-file limit run works within (Go's runtime has
-// raised the soft limit to the hard one). Every proxied TCP connection holds
-// a host socket, and so does every UDP flow; a dial that finds no descriptor
-// left refuses its client and counts as dial_failed.
+// logFileLimit logs the open-file limit run works within (Go's syscall
+// package raised the soft limit to just under the hard one at start; macOS
+// caps it at kern.maxfilesperproc). Every proxied TCP connection holds a host
+// socket, and so does every UDP flow; a dial that finds no descriptor left
+// fails (a TCP client gets a RST) and counts as dial_failed.
 func logFileLimit(logger *zap.Logger) {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {

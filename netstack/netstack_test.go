@@ -413,8 +413,9 @@ func TestGateTrustsOnlyVouchedChecksums(t *testing.T) {
 }
 
 // TestAppendHead: of a segment built as gVisor's TCP endpoint builds one,
-// the gate copies the IP and TCP headers alone, and conntrack classifies them as it classifies the whole
-// segment; any other packet is copied whole.
+// the gate copies the IP and TCP headers alone, and conntrack classifies
+// them as it classifies the whole segment; a packet without those headers
+// is copied whole.
 func TestAppendHead(t *testing.T) {
 	client6 := netip.MustParseAddrPort("[fd00::7]:40000")
 	service6 := netip.MustParseAddrPort("[fd00:96::10]:80")
@@ -455,8 +456,9 @@ func TestAppendHead(t *testing.T) {
 			}
 		})
 	}
-	// A TCP packet built whole, as the gate builds its own: the protocol
-	// set, no headers pushed.
+	// A TCP packet whose headers were never pushed (built whole, as the
+	// gate builds its own), with the protocol set so that only the
+	// headers' absence sends it to the whole copy.
 	raw := append(tcpPacket(client, service, header.TCPFlagAck, 1, 1), make([]byte, 100)...)
 	header.IPv4(raw).SetTotalLength(uint16(len(raw)))
 	own := newPacket(raw, header.IPv4ProtocolNumber)

@@ -17,10 +17,10 @@ package proxy
 //  5. endpoint -> client: the endpoint socket joins the reply poller
 //     (udppoll_linux.go), whose one goroutine reads the datagrams into its
 //     own batch of buffers when they arrive and writes each to the client
-//     from the service address. The handler's goroutine then returns: an idle flow
-//     holds no goroutine and no buffer. Without the poller (not Linux, Run
-//     not running) the handler's goroutine waits for the replies itself;
-//     with an endpoint socket that is not a kernel socket (a test's
+//     from the service address. The handler's goroutine then returns: an
+//     idle flow holds no goroutine and no buffer. Without the poller (not
+//     Linux, Run not running) the handler's goroutine waits for the replies
+//     itself; with an endpoint socket that is not a kernel socket (a test's
 //     dialer), a plain relay goroutine per direction does both.
 //  6. finish, once, on whichever goroutine ends the flow: out of the
 //     poller, both sockets closed, the flow forgotten; unless the reaper

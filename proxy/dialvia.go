@@ -168,7 +168,7 @@ func (p *Proxy) dialWay(ctx context.Context, w Way, pk *pick) (net.Conn, error) 
 func (p *Proxy) dialer(ctx context.Context, w Way, pk *pick) (net.Conn, error) {
 	switch {
 	case w == WayDirect:
-		return p.cfg.Dialer.DialContext(ctx, "tcp", pk.endpoint.String())
+		return p.direct(ctx, pk.endpoint)
 	case p.cfg.PodDialer == nil:
 		return nil, errNoPodDialer
 	}
@@ -221,7 +221,7 @@ func (p *Proxy) probe(endpoint netip.AddrPort) {
 		defer p.probes.Done()
 		defer p.ways.endProbe(endpoint.Addr())
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.DirectAttempt)
-		c, err := p.cfg.Dialer.DialContext(ctx, "tcp", endpoint.String())
+		c, err := p.direct(ctx, endpoint)
 		cancel()
 		now := p.cfg.Clock.Now()
 		switch {

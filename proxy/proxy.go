@@ -61,8 +61,9 @@ type Config struct {
 	AffinityListSize int
 	// MaxUDPSessions bounds the concurrent UDP flows; 0 means 65536.
 	MaxUDPSessions int
-	// Dialer dials endpoints from the host; nil means a net.Dialer with
-	// 15 s keep-alives.
+	// Dialer dials endpoints from the host; nil means the proxy's own:
+	// TCP with dialHost (hostdial_linux.go), UDP with a net.Dialer; both
+	// keep alive every 15 s as net.Dialer's default does.
 	Dialer Dialer
 	// Via is how TCP flows reach endpoints (dialvia.go): direct (the
 	// zero value), through PodDialer, or direct first then PodDialer.
@@ -105,6 +106,10 @@ type Proxy struct {
 	table  atomic.Pointer[service.Table]
 	states atomic.Pointer[map[pickerKey]*portState] // sched.go
 	syncMu sync.Mutex                               // serializes SetTable
+
+	// direct dials TCP endpoints from the host: Config.Dialer's
+	// DialContext, or dialHost when the proxy made its own.
+	direct func(ctx context.Context, ep netip.AddrPort) (net.Conn, error)
 
 	coarse  *conntrack.CoarseClock // the conntrack clock Run ticks; nil if injected
 	flows   *flowSet
@@ -162,8 +167,11 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.MaxUDPSessions <= 0 {
 		cfg.MaxUDPSessions = 65536
 	}
+	direct := func(ctx context.Context, ep netip.AddrPort) (net.Conn, error) {
+		return cfg.Dialer.DialContext(ctx, "tcp", ep.String())
+	}
 	if cfg.Dialer == nil {
-		cfg.Dialer = &net.Dialer{KeepAlive: 15 * time.Second}
+		cfg.Dialer, direct = &net.Dialer{KeepAlive: 15 * time.Second}, dialHost
 	}
 	if cfg.Via == ViaAPIServer && cfg.PodDialer == nil {
 		return nil, errors.New("proxy: Config.Via is apiserver without a PodDialer")
@@ -186,7 +194,7 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Scheduler.Name == "" {
 		cfg.Scheduler.Name = "random"
 	}
-	p := &Proxy{lottery: balancer.NewLottery(64), logger: cfg.Logger, flows: newFlowSet()}
+	p := &Proxy{lottery: balancer.NewLottery(64), logger: cfg.Logger, flows: newFlowSet(), direct: direct}
 	ctc := cfg.Conntrack
 	if ctc.HashSeed == 0 {
 		ctc.HashSeed = maphash.Bytes(maphash.MakeSeed(), nil)

@@ -5,7 +5,8 @@ package proxy
 //  1. route: look up the service port, pick the endpoint.
 //  2. dial the endpoint from the host, bounded by DialTimeout; a refused or
 //     timed-out dial refuses the client with a RST, as the pod would.
-//  3. accept: complete the client's handshake only now.
+//  3. accept: complete the client's handshake only now; then turn on the
+//     endpoint connection's keep-alive, off the connect path.
 //  4. track the flow: its handle is bound on the conntrack entry, so that
 //     the entry's removal ends it (flows.go) with a RST to both peers; an
 //     entry already gone ends it at once.
@@ -63,6 +64,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 		_ = backend.Close()
 		return
 	}
+	keepAlive(backend)
 	p.stats.count(conntrack.TCP, ResultProxied)
 	p.stats.countWay(conntrack.TCP, way)
 
@@ -190,10 +192,20 @@ type splice struct {
 // conntrack entry.
 const touchEvery = 10 * time.Second
 
-// resetTCP closes a host TCP connection with a RST.
+// keepAlive turns on the keep-alive probes of an endpoint connection the
+// proxy dialled itself (dialHost leaves them to the flow, off the connect
+// path); a Config.Dialer sets its own.
+func keepAlive(c net.Conn) {
+	if k, ok := c.(interface{ keepAlive() error }); ok {
+		_ = k.keepAlive()
+	}
+}
+
+// resetTCP closes a host TCP connection (a *net.TCPConn or a hostConn)
+// with a RST.
 func resetTCP(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
+	if l, ok := c.(interface{ SetLinger(int) error }); ok {
+		_ = l.SetLinger(0)
 	}
 	_ = c.Close()
 }

@@ -1,0 +1,239 @@
+package proxy
+
+// Endpoint connections dialled from the host, with the fewest system calls
+// between the client's SYN and its SYN-ACK:
+//
+//  1. socket (non-blocking), TCP_NODELAY, connect. To an endpoint on this
+//     host or a veth away, the kernel usually runs the whole handshake
+//     inside connect(2) (the SYN and the SYN-ACK are both handled in the
+//     softirq that runs as the call returns), so it returns EINPROGRESS
+//     with the connection already established.
+//  2. poll(2) with a zero timeout says whether it is: then SO_ERROR, and no
+//     trip through the runtime's poller. Otherwise the dial waits for the
+//     socket to become writable in the poller, bounded by ctx.
+//  3. The descriptor goes to the runtime's poller as an os.File (net's own
+//     dial would add getsockname, getpeername and a parked wake-up, and
+//     net.FileConn a dup and three more calls).
+//  4. Keep-alive (15 s, as net.Dialer's default) is set by the flow after
+//     the client's handshake, off the connect path (keepAlive).
+//
+// BENCHMARKS.md (the connect cell's breakdown) has the figures.
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// hostConn is a TCP connection dialled by dialHost. Besides net.Conn it
+// has CloseWrite and SetLinger, as *net.TCPConn does.
+type hostConn struct {
+	f      *os.File
+	rc     syscall.RawConn
+	remote netip.AddrPort
+}
+
+var _ net.Conn = (*hostConn)(nil)
+
+// dialHost connects to ep from the host, within ctx.
+func dialHost(ctx context.Context, ep netip.AddrPort) (net.Conn, error) {
+	ep = netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port())
+	family, sa := unix.AF_INET6, unix.Sockaddr(nil)
+	if ep.Addr().Is4() {
+		family, sa = unix.AF_INET, &unix.SockaddrInet4{Port: int(ep.Port()), Addr: ep.Addr().As4()}
+	} else {
+		sa = &unix.SockaddrInet6{Port: int(ep.Port()), Addr: ep.Addr().As16()}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, dialError(ep, "dial", err)
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+	if err != nil {
+		return nil, dialError(ep, "socket", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		_ = unix.Close(fd)
+		return nil, dialError(ep, "setsockopt", err)
+	}
+	pending := false
+	switch err := unix.Connect(fd, sa); {
+	case err == nil:
+	case errors.Is(err, unix.EINPROGRESS), errors.Is(err, unix.EALREADY), errors.Is(err, unix.EINTR):
+		ready, err := connected(fd)
+		if err != nil {
+			_ = unix.Close(fd)
+			return nil, dialError(ep, "connect", err)
+		}
+		pending = !ready
+	default: // 1
+		_ = unix.Close(fd)
+		return nil, dialError(ep, "connect", err)
+	}
+	f := os.NewFile(uintptr(fd), "endpoint") // 3: non-blocking, so in the poller
+	rc, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return nil, dialError(ep, "dial", err)
+	}
+	c := &hostConn{f: f, rc: rc, remote: ep}
+	if pending {
+		if err := c.awaitConnect(ctx); err != nil {
+			_ = f.Close()
+			return nil, dialError(ep, "connect", err)
+		}
+	}
+	return c, nil
+}
+
+// connected reports whether the connection of fd, connecting, is
+// established (step 2); an error is the connection's failure.
+func connected(fd int) (bool, error) {
+	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+	n, err := unix.Poll(fds[:], 0)
+	switch {
+	case errors.Is(err, unix.EINTR):
+		return false, nil
+	case err != nil:
+		return false, err
+	case n == 0:
+		return false, nil
+	}
+	v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err != nil {
+		return false, err
+	}
+	if v != 0 {
+		return false, unix.Errno(v)
+	}
+	return true, nil
+}
+
+// awaitConnect waits in the poller until the connection is established or
+// fails, or ctx is done.
+func (c *hostConn) awaitConnect(ctx context.Context) error {
+	if d, ok := ctx.Deadline(); ok {
+		_ = c.f.SetWriteDeadline(d)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.f.SetWriteDeadline(time.Unix(1, 0)) })
+	var cerr error
+	werr := c.rc.Write(func(fd uintptr) bool {
+		ok, err := connected(int(fd))
+		cerr = err
+		return ok || err != nil
+	})
+	if !stop() || werr != nil {
+		// ctx ended the wait (its deadline, or the AfterFunc, which may
+		// still be setting the deadline: the connection is not used).
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return werr
+	}
+	if cerr != nil {
+		return cerr
+	}
+	return c.f.SetWriteDeadline(time.Time{})
+}
+
+// dialError is what net's dial would return: an *net.OpError naming the
+// endpoint and the call that failed.
+func dialError(ep netip.AddrPort, call string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(ep), Err: err}
+	}
+	return &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(ep), Err: os.NewSyscallError(call, err)}
+}
+
+// keepAlive turns on keep-alive probes as net.Dialer's default does: after
+// 15 s idle, every 15 s, 9 unanswered end the connection (step 4).
+func (c *hostConn) keepAlive() error {
+	var serr error
+	err := c.rc.Control(func(fd uintptr) {
+		for _, o := range [...]struct{ level, opt, v int }{
+			{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 15},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 15},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 9},
+		} {
+			if err := unix.SetsockoptInt(int(fd), o.level, o.opt, o.v); err != nil {
+				serr = os.NewSyscallError("setsockopt", err)
+				return
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+// Read reads from the endpoint.
+func (c *hostConn) Read(b []byte) (int, error) { return c.f.Read(b) }
+
+// Write writes to the endpoint.
+func (c *hostConn) Write(b []byte) (int, error) { return c.f.Write(b) }
+
+// Close closes the connection.
+func (c *hostConn) Close() error { return c.f.Close() }
+
+// CloseWrite shuts down the sending side (a FIN to the endpoint).
+func (c *hostConn) CloseWrite() error {
+	var serr error
+	if err := c.rc.Control(func(fd uintptr) { serr = unix.Shutdown(int(fd), unix.SHUT_WR) }); err != nil {
+		return err
+	}
+	if serr != nil {
+		return os.NewSyscallError("shutdown", serr)
+	}
+	return nil
+}
+
+// SetLinger sets SO_LINGER, as (*net.TCPConn).SetLinger: 0 makes Close
+// send a RST.
+func (c *hostConn) SetLinger(sec int) error {
+	l := unix.Linger{}
+	if sec >= 0 {
+		l.Onoff, l.Linger = 1, int32(sec)
+	}
+	var serr error
+	if err := c.rc.Control(func(fd uintptr) { serr = unix.SetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER, &l) }); err != nil {
+		return err
+	}
+	if serr != nil {
+		return os.NewSyscallError("setsockopt", serr)
+	}
+	return nil
+}
+
+// LocalAddr returns the local address (getsockname), or nil.
+func (c *hostConn) LocalAddr() net.Addr {
+	var sa unix.Sockaddr
+	if err := c.rc.Control(func(fd uintptr) { sa, _ = unix.Getsockname(int(fd)) }); err != nil {
+		return nil
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return &net.TCPAddr{IP: net.IP(a.Addr[:]).To16(), Port: a.Port}
+	case *unix.SockaddrInet6:
+		return &net.TCPAddr{IP: net.IP(a.Addr[:]), Port: a.Port}
+	}
+	return nil
+}
+
+// RemoteAddr returns the endpoint's address.
+func (c *hostConn) RemoteAddr() net.Addr { return net.TCPAddrFromAddrPort(c.remote) }
+
+// SetDeadline implements net.Conn.
+func (c *hostConn) SetDeadline(t time.Time) error { return c.f.SetDeadline(t) }
+
+// SetReadDeadline implements net.Conn.
+func (c *hostConn) SetReadDeadline(t time.Time) error { return c.f.SetReadDeadline(t) }
+
+// SetWriteDeadline implements net.Conn.
+func (c *hostConn) SetWriteDeadline(t time.Time) error { return c.f.SetWriteDeadline(t) }

@@ -1,0 +1,211 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// listenBacklog0 listens on 127.0.0.1 with an accept queue of one
+// connection (listen(2) with backlog 0): once it holds one unaccepted
+// connection, the kernel drops further SYNs, so a dial stays in progress.
+func listenBacklog0(t *testing.T) (netip.AddrPort, int) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(sa.(*unix.SockaddrInet4).Port)), fd
+}
+
+func TestDialHost(t *testing.T) {
+	for _, network := range []string{"tcp4", "tcp6"} {
+		t.Run(network, func(t *testing.T) {
+			addr := "127.0.0.1:0"
+			if network == "tcp6" {
+				addr = "[::1]:0"
+			}
+			ln, err := net.Listen(network, addr)
+			if err != nil {
+				t.Skipf("no %s loopback: %v", network, err)
+			}
+			defer ln.Close()
+			ep := ln.Addr().(*net.TCPAddr).AddrPort()
+			c, err := dialHost(context.Background(), ep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			srv, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			if got := c.RemoteAddr().(*net.TCPAddr).AddrPort(); got != ep {
+				t.Errorf("RemoteAddr %v, want %v", got, ep)
+			}
+			if got, want := c.LocalAddr().String(), srv.RemoteAddr().String(); got != want {
+				t.Errorf("LocalAddr %v, want the server's view %v", got, want)
+			}
+			hc := c.(*hostConn)
+			var nodelay, keep, idle, intvl, cnt int
+			_ = hc.rc.Control(func(fd uintptr) {
+				nodelay, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY)
+				keep, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+			})
+			if nodelay != 1 || keep != 0 {
+				t.Errorf("after the dial: TCP_NODELAY %d, SO_KEEPALIVE %d; want 1, 0 (keep-alive comes after the handshake)", nodelay, keep)
+			}
+			if err := hc.keepAlive(); err != nil {
+				t.Fatal(err)
+			}
+			_ = hc.rc.Control(func(fd uintptr) {
+				keep, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+				idle, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+				intvl, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
+				cnt, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
+			})
+			if keep != 1 || idle != 15 || intvl != 15 || cnt != 9 {
+				t.Errorf("keep-alive %d idle %d interval %d count %d; want 1, 15, 15, 9 (net.Dialer's default)", keep, idle, intvl, cnt)
+			}
+
+			// Both ways, then a half-close: the server reads EOF and can
+			// still answer.
+			if _, err := c.Write([]byte("ping")); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 8)
+			if n, err := io.ReadFull(srv, buf[:4]); err != nil || string(buf[:n]) != "ping" {
+				t.Fatalf("server read %q, %v", buf[:n], err)
+			}
+			if err := c.(halfCloser).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := srv.Read(buf); n != 0 || !errors.Is(err, io.EOF) {
+				t.Fatalf("server after CloseWrite: %d, %v; want EOF", n, err)
+			}
+			if _, err := srv.Write([]byte("pong")); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := io.ReadFull(c, buf[:4]); err != nil || string(buf[:n]) != "pong" {
+				t.Fatalf("read %q, %v", buf[:n], err)
+			}
+
+			// resetTCP, on a second connection: the server sees a RST,
+			// not a FIN.
+			c2, err := dialHost(context.Background(), ep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv2, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv2.Close()
+			resetTCP(c2)
+			_ = srv2.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := srv2.Read(buf); !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("server after resetTCP: %v; want ECONNRESET", err)
+			}
+		})
+	}
+}
+
+func TestDialHostRefused(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close() // nothing listens there now: a RST answers the SYN
+	c, err := dialHost(context.Background(), ep)
+	if err == nil {
+		c.Close()
+		t.Fatal("dial of a closed port succeeded")
+	}
+	var op *net.OpError
+	if !errors.Is(err, syscall.ECONNREFUSED) || !errors.As(err, &op) || op.Op != "dial" {
+		t.Fatalf("error %v (%T); want a dial *net.OpError wrapping ECONNREFUSED", err, err)
+	}
+	if unanswered(err) {
+		t.Errorf("a refusal counts as unanswered: %v", err)
+	}
+}
+
+// TestDialHostInProgress takes the path of a connect that the kernel does
+// not finish inside connect(2): the listener's full accept queue drops the
+// SYN, so the dial waits in the poller.
+func TestDialHostInProgress(t *testing.T) {
+	ep, lfd := listenBacklog0(t)
+	first, err := dialHost(context.Background(), ep) // fills the queue
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+
+	t.Run("deadline", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		c, err := dialHost(ctx, ep)
+		if err == nil {
+			c.Close()
+			t.Fatal("dial into a full accept queue succeeded")
+		}
+		if !errors.Is(err, context.DeadlineExceeded) || !unanswered(err) {
+			t.Fatalf("error %v; want the context's deadline, unanswered", err)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("the dial took %v past a 200 ms deadline", d)
+		}
+	})
+	t.Run("cancelled", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(100*time.Millisecond, cancel)
+		c, err := dialHost(ctx, ep)
+		if err == nil {
+			c.Close()
+			t.Fatal("dial into a full accept queue succeeded")
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("error %v; want context.Canceled", err)
+		}
+	})
+	t.Run("completes", func(t *testing.T) {
+		// Room in the queue once the first connection is accepted: the
+		// dial's retransmitted SYN (after 1 s) gets in.
+		time.AfterFunc(300*time.Millisecond, func() {
+			if nfd, _, err := unix.Accept(lfd); err == nil {
+				_ = unix.Close(nfd)
+			}
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := dialHost(ctx, ep)
+		if err != nil {
+			t.Fatalf("dial after room was made: %v", err)
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("x")); err != nil {
+			t.Fatalf("write after a waited dial (the write deadline must be cleared): %v", err)
+		}
+	})
+}

@@ -89,6 +89,7 @@ type runFlags struct {
 	maxUDPSessions     int
 	handshakeTimeout   time.Duration
 	profiling          bool
+	procs              int
 	dns                dnsFlags
 	log                logFlags
 }
@@ -129,6 +130,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxUDPSessions, "max-udp-sessions", 65536, "concurrent UDP flows; further flows are refused (counted as table_full)")
 	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "time a client has to complete its TCP handshake, from its SYN: the endpoint dial runs within it")
 	fs.BoolVar(&f.profiling, "profiling", false, "serve Go's profiles on the admin server under /debug/pprof/")
+	fs.IntVar(&f.procs, "procs", 0, "CPUs that run the proxy's Go code at once (GOMAXPROCS); 0: one while one is enough, all while goroutines queue for it (unless the GOMAXPROCS variable is set)")
 	f.dns.register(fs)
 	f.log.register(fs)
 }
@@ -153,6 +155,8 @@ func (f *runFlags) validate() error {
 		return fmt.Errorf("--affinity-list-size %d: want a positive number", f.affinityListSize)
 	case f.dialTimeout <= 0:
 		return fmt.Errorf("--dial-timeout %v: want a positive duration", f.dialTimeout)
+	case f.procs < 0:
+		return fmt.Errorf("--procs %d is negative", f.procs)
 	case f.maxInFlight <= 0 || f.maxInFlightClient <= 0 || f.maxUDPSessions <= 0 || f.handshakeTimeout <= 0:
 		return errors.New("--max-inflight, --max-inflight-per-client, --max-udp-sessions and --handshake-timeout must be positive")
 	}
@@ -391,6 +395,8 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	go func() { defer wg.Done(); srcErr <- src.Run(ctx) }()
 	go func() { defer wg.Done(); px.Run(ctx) }()
 	go func() { defer wg.Done(); locals.run(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); runProcs(ctx, f.procs, logger) }()
 	wg.Add(1)
 	go func() { // retries the sockets a taken port refused
 		defer wg.Done()

@@ -33,7 +33,8 @@ var allowedInternal = map[string][]string{
 	"cmd":         {"*"},
 	"examples":    {"*"},
 	"integration": {"*"},
-	// internal holds helpers shared by tests; it imports nothing of ours.
+	// internal holds what is not API: helpers shared by tests (stats) and
+	// the binary's governor of Go's Ps (procs); it imports nothing of ours.
 	"internal": {},
 }
 

@@ -57,6 +57,17 @@ func dialHost(ctx context.Context, ep netip.AddrPort) (net.Conn, error) {
 	if err != nil {
 		return nil, dialError(ep, "socket", err)
 	}
+	if fd <= 2 {
+		// A process started with a standard descriptor closed: os.File
+		// treats 1 and 2 as stdout and stderr (a write that meets EPIPE
+		// raises SIGPIPE), so the socket moves above them.
+		nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
+		_ = unix.Close(fd)
+		if err != nil {
+			return nil, dialError(ep, "fcntl", err)
+		}
+		fd = nfd
+	}
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		_ = unix.Close(fd)
 		return nil, dialError(ep, "setsockopt", err)
@@ -88,7 +99,31 @@ func dialHost(ctx context.Context, ep netip.AddrPort) (net.Conn, error) {
 			return nil, dialError(ep, "connect", err)
 		}
 	}
+	if c.selfConnected() {
+		// A local endpoint nothing listens on, and the kernel picked its
+		// port as ours: TCP's simultaneous open connected the socket to
+		// itself. net's dial refuses it the same way.
+		_ = f.Close()
+		return nil, dialError(ep, "connect", unix.ECONNREFUSED)
+	}
 	return c, nil
+}
+
+// selfConnected reports whether the connection's local address is its
+// remote one.
+func (c *hostConn) selfConnected() bool {
+	var sa unix.Sockaddr
+	if err := c.rc.Control(func(fd uintptr) { sa, _ = unix.Getsockname(int(fd)) }); err != nil {
+		return false
+	}
+	ip, port := c.remote.Addr(), int(c.remote.Port())
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return ip.Is4() && a.Port == port && a.Addr == ip.As4()
+	case *unix.SockaddrInet6:
+		return ip.Is6() && a.Port == port && a.Addr == ip.As16()
+	}
+	return false
 }
 
 // connected reports whether the connection of fd, connecting, is
@@ -115,11 +150,10 @@ func connected(fd int) (bool, error) {
 }
 
 // awaitConnect waits in the poller until the connection is established or
-// fails, or ctx is done.
+// fails, or ctx is done: its end (deadline or cancel) sets a write deadline
+// in the past, the one timer of the wait, so an ended wait always returns
+// ctx's error.
 func (c *hostConn) awaitConnect(ctx context.Context) error {
-	if d, ok := ctx.Deadline(); ok {
-		_ = c.f.SetWriteDeadline(d)
-	}
 	stop := context.AfterFunc(ctx, func() { _ = c.f.SetWriteDeadline(time.Unix(1, 0)) })
 	var cerr error
 	werr := c.rc.Write(func(fd uintptr) bool {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -197,15 +198,63 @@ func TestDialHostInProgress(t *testing.T) {
 				_ = unix.Close(nfd)
 			}
 		})
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		c, err := dialHost(ctx, ep)
 		if err != nil {
 			t.Fatalf("dial after room was made: %v", err)
 		}
 		defer c.Close()
+		<-ctx.Done() // the dial's context ends: the connection must not
+		time.Sleep(50 * time.Millisecond)
 		if _, err := c.Write([]byte("x")); err != nil {
-			t.Fatalf("write after a waited dial (the write deadline must be cleared): %v", err)
+			t.Fatalf("write after the dial's context ended: %v", err)
 		}
 	})
+}
+
+// TestSelfConnected: a socket bound to the port it connects to (on
+// loopback, with nothing listening) is connected to itself by TCP's
+// simultaneous open; dialHost refuses such a connection.
+func TestSelfConnected(t *testing.T) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo := &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}
+	if err := unix.Bind(fd, lo); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := unix.Getsockname(fd)
+	port := sa.(*unix.SockaddrInet4).Port
+	if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: lo.Addr, Port: port}); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "self")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := &hostConn{f: f, rc: rc, remote: netip.AddrPortFrom(netip.AddrFrom4(lo.Addr), uint16(port))}
+	if err := self.awaitConnect(context.Background()); err != nil {
+		t.Fatalf("simultaneous open: %v", err)
+	}
+	if !self.selfConnected() {
+		t.Fatal("a socket connected to itself is not seen as such")
+	}
+
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := dialHost(context.Background(), ln.Addr().(*net.TCPAddr).AddrPort())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.(*hostConn).selfConnected() {
+		t.Fatal("a connection to a listener is seen as connected to itself")
+	}
 }

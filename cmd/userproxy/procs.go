@@ -14,6 +14,7 @@ import (
 // default) without the GOMAXPROCS variable, between one P and the
 // runtime's default by load (internal/procs).
 func runProcs(ctx context.Context, n int, logger *zap.Logger) {
+	logger = logger.Named("procs")
 	switch {
 	case n > 0:
 		runtime.GOMAXPROCS(n)

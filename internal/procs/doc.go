@@ -15,13 +15,20 @@
 //
 //  1. Run starts at one P and samples the runnable goroutines (those queued
 //     for a P) every tick.
-//  2. When their mean over a window reaches Busy, it sets Max Ps.
+//  2. When their mean over a window reaches Busy, or a share of the
+//     goroutines that became runnable in it waited long for the P (one
+//     goroutine computing for long, such as a big table build, keeps the
+//     queue short but makes the others wait), it sets Max Ps.
 //  3. After Hold at Max, it tries one P again (step 1): with more Ps the
 //     queue is short either way, so only one P's queue tells whether one P
-//     is enough. Under lasting load this costs one window in every Hold.
-//  4. When ctx is done it restores Max.
+//     is enough. A try that fails at once doubles the hold, up to MaxHold,
+//     so lasting load pays one window at one P in every 32 s or so.
+//  4. When ctx is done it restores the runtime's default.
+//
+// It runs in `userproxy run` (cmd/userproxy/procs.go, --procs) and imports
+// the standard library only.
 //
 // Kernel work inside system calls (a TUN write delivers the packet to the
-// client's socket on the writer's thread) is not bounded by the Ps: the
-// runtime hands a P on when a call blocks.
+// client's socket on the writer's thread) runs on the calling thread; a call
+// that blocks hands its P on, a raw one (the TUN write) keeps it.
 package procs

@@ -12,40 +12,51 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// driver runs Run on fake ticks and a fake queue, one tick at a time.
+// driver runs Run on fake ticks, a fake queue and fake wait counts, one
+// tick at a time: tick returns once Run has handled the tick, so every Set
+// it caused is in set.
 type driver struct {
 	t     *testing.T
 	ticks chan time.Time
 	mu    sync.Mutex
-	queue uint64
-	procs []int // every Set, in order
+	queue uint64 // what Runnable returns
+	slow  uint64 // what Waits returns: cumulative counts
+	all   uint64
 	set   chan int
+	acks  chan struct{}
 	stop  func()
-	done  chan struct{}
 }
 
 func start(t *testing.T, cfg Config) *driver {
-	d := &driver{t: t, ticks: make(chan time.Time), set: make(chan int, 100), done: make(chan struct{})}
+	d := &driver{t: t, ticks: make(chan time.Time), set: make(chan int, 100), acks: make(chan struct{})}
 	cfg.Ticks = d.ticks
+	cfg.ticked = func() { d.acks <- struct{}{} }
 	cfg.Runnable = func() uint64 { d.mu.Lock(); defer d.mu.Unlock(); return d.queue }
+	cfg.Waits = func(time.Duration) (uint64, uint64) { d.mu.Lock(); defer d.mu.Unlock(); return d.slow, d.all }
 	cfg.Set = func(n int) { d.set <- n }
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { Run(ctx, cfg); close(d.done) }()
-	d.stop = func() { cancel(); <-d.done }
+	done := make(chan struct{})
+	go func() { Run(ctx, cfg); close(done) }()
+	d.stop = func() { cancel(); <-done }
 	d.expect(1) // starts at one P
 	return d
 }
 
-func (d *driver) tick(n int, queue uint64) {
-	d.mu.Lock()
-	d.queue = queue
-	d.mu.Unlock()
+// tick sends n ticks with the queue at queue and 100 more wake-ups
+// measured, slow of them slow.
+func (d *driver) tick(n int, queue, slow uint64) {
 	for range n {
-		d.ticks <- time.Time{} // unbuffered: Run has taken the previous one
+		d.mu.Lock()
+		d.queue = queue
+		d.all += 100
+		d.slow += slow
+		d.mu.Unlock()
+		d.ticks <- time.Time{}
+		<-d.acks
 	}
 }
 
-// expect checks the next Set, after Run has handled the ticks sent.
+// expect checks the next change of the Ps.
 func (d *driver) expect(procs int) {
 	d.t.Helper()
 	select {
@@ -58,9 +69,9 @@ func (d *driver) expect(procs int) {
 	}
 }
 
-func (d *driver) expectNone() {
+// none checks that the ticks so far changed nothing more.
+func (d *driver) none() {
 	d.t.Helper()
-	d.tick(1, 0) // a tick Run takes only after handling the ones before
 	select {
 	case got := <-d.set:
 		d.t.Fatalf("set %d Ps, want no change", got)
@@ -69,46 +80,75 @@ func (d *driver) expectNone() {
 }
 
 func TestBusyQueueAddsPs(t *testing.T) {
-	d := start(t, Config{Max: 4, Every: 10 * time.Millisecond, Window: 5, Busy: 4, Hold: 100 * time.Millisecond})
+	d := start(t, Config{Max: 4, Every: 10 * time.Millisecond, Window: 5, Busy: 4})
 	defer d.stop()
-	d.tick(5, 3) // a window below Busy: one P is enough
-	d.expectNone()
-	// expectNone's tick began the next window with a 0; three samples of
-	// 10 do not end it, the fifth does, at a mean of 8.
-	d.tick(3, 10)
-	select {
-	case got := <-d.set:
-		t.Fatalf("set %d Ps before the window ended", got)
-	default:
-	}
-	d.tick(1, 10)
-	d.expect(4)
+	d.tick(5, 3, 0) // a window at a mean of 3: one P is enough
+	d.none()
+	d.tick(4, 4, 0) // four samples of the next: not yet a window
+	d.none()
+	d.tick(1, 4, 0)
+	d.expect(4) // the fifth ends it at the mean of Busy
+}
+
+func TestSlowWaitsAddPs(t *testing.T) {
+	d := start(t, Config{Max: 2, Every: 10 * time.Millisecond, Window: 4, Busy: 4, Slow: time.Millisecond, SlowShare: 0.05})
+	defer d.stop()
+	d.tick(3, 1, 0)
+	d.tick(1, 1, 19) // 19 slow of the window's 400 wake-ups: under 5%
+	d.none()
+	d.tick(3, 1, 0)
+	d.tick(1, 1, 20) // 20 of 400: 5%
+	d.expect(2)
 }
 
 func TestHoldThenOnePAgain(t *testing.T) {
 	d := start(t, Config{Max: 2, Every: 10 * time.Millisecond, Window: 2, Busy: 4, Hold: 50 * time.Millisecond})
 	defer d.stop()
-	d.tick(2, 8)
+	d.tick(2, 8, 0)
 	d.expect(2)
-	d.tick(4, 0) // held 4 ticks of the 5 in Hold
-	select {
-	case got := <-d.set:
-		t.Fatalf("set %d Ps before Hold passed", got)
-	default:
-	}
-	d.tick(1, 0)
-	d.expect(1) // Hold passed: one P tried again
-	d.tick(2, 8)
+	d.tick(4, 0, 0) // four ticks of the five in Hold
+	d.none()
+	d.tick(1, 0, 0)
+	d.expect(1) // one P tried again
+	d.tick(2, 8, 0)
 	d.expect(2) // still busy: back to Max
+}
+
+func TestFailedTryDoublesHold(t *testing.T) {
+	d := start(t, Config{Max: 2, Every: 10 * time.Millisecond, Window: 2, Busy: 4, Hold: 30 * time.Millisecond, MaxHold: 60 * time.Millisecond})
+	defer d.stop()
+	d.tick(2, 8, 0)
+	d.expect(2)
+	d.tick(2, 0, 0) // Hold: 3 ticks
+	d.none()
+	d.tick(1, 0, 0)
+	d.expect(1)
+	d.tick(2, 8, 0) // the try fails at its first window: the hold doubles to 6
+	d.expect(2)
+	d.tick(5, 0, 0)
+	d.none()
+	d.tick(1, 0, 0)
+	d.expect(1)
+	d.tick(2, 8, 0) // fails again: MaxHold keeps it at 6
+	d.expect(2)
+	d.tick(5, 0, 0)
+	d.none()
+	d.tick(1, 0, 0)
+	d.expect(1)
+	d.tick(2, 0, 0) // a window that one P was enough for: the hold is Hold again
+	d.tick(2, 8, 0)
+	d.expect(2)
+	d.tick(2, 0, 0)
+	d.none()
+	d.tick(1, 0, 0)
+	d.expect(1)
 }
 
 func TestQuietStaysAtOneP(t *testing.T) {
 	d := start(t, Config{Max: 8, Every: 10 * time.Millisecond, Window: 3, Busy: 4})
 	defer d.stop()
-	for range 10 {
-		d.tick(3, 3) // below Busy, window after window
-	}
-	d.expectNone()
+	d.tick(30, 3, 4) // ten windows below Busy, 4% of the wake-ups slow
+	d.none()
 }
 
 func TestStopRestoresMax(t *testing.T) {
@@ -129,17 +169,11 @@ func TestMaxOneOnlyWaits(t *testing.T) {
 	}
 }
 
-// TestRunnableCountsQueuedGoroutines reads the real metric: at one P, with
-// eight goroutines computing, seven at a time wait for it.
-func TestRunnableCountsQueuedGoroutines(t *testing.T) {
-	prev := runtime.GOMAXPROCS(1)
-	defer runtime.GOMAXPROCS(prev)
-	read := runnable()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 8 {
+// compute keeps n goroutines computing until stop closes (or 10 s).
+func compute(n int, stop chan struct{}, wg *sync.WaitGroup) {
+	for range n {
 		wg.Add(1)
-		go func() { // busy worker, ends when stop closes
+		go func() { // busy worker
 			defer wg.Done()
 			deadline := time.Now().Add(10 * time.Second)
 			for time.Now().Before(deadline) {
@@ -151,6 +185,18 @@ func TestRunnableCountsQueuedGoroutines(t *testing.T) {
 			}
 		}()
 	}
+}
+
+// TestRuntimeMetrics reads the real metrics: at one P, with eight
+// goroutines computing, several at a time wait for it, and for long.
+func TestRuntimeMetrics(t *testing.T) {
+	prev := runtime.GOMAXPROCS(1)
+	defer runtime.GOMAXPROCS(prev)
+	read, wait := runnable(), waits()
+	slow0, all0 := wait(time.Millisecond)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	compute(8, stop, &wg)
 	var most uint64
 	for range 20 {
 		most = max(most, read())
@@ -158,7 +204,11 @@ func TestRunnableCountsQueuedGoroutines(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+	slow, all := wait(time.Millisecond)
 	if most < 4 {
-		t.Fatalf("at most %d runnable goroutines seen with eight computing on one P; want at least 4", most)
+		t.Errorf("at most %d runnable goroutines seen with eight computing on one P; want at least 4", most)
+	}
+	if slow-slow0 == 0 || all-all0 == 0 {
+		t.Errorf("waits: %d slow of %d measured while eight computed on one P; want some slow", slow-slow0, all-all0)
 	}
 }

@@ -12,8 +12,9 @@ package proxy
 //     trip through the runtime's poller. Otherwise the dial waits for the
 //     socket to become writable in the poller, bounded by ctx.
 //  3. The descriptor goes to the runtime's poller as an os.File (net's own
-//     dial would add getsockname, getpeername and a parked wake-up, and
-//     net.FileConn a dup and three more calls).
+//     dial would add getpeername and a parked wake-up, and net.FileConn a
+//     dup and three more calls); getsockname then refuses a socket the
+//     kernel connected to itself, as net does.
 //  4. Keep-alive (15 s, as net.Dialer's default) is set by the flow after
 //     the client's handshake, off the connect path (keepAlive).
 //

@@ -15,7 +15,7 @@ package proxy
 //     dial would add getpeername and a parked wake-up, and net.FileConn a
 //     dup and three more calls); getsockname then refuses a socket the
 //     kernel connected to itself, as net does.
-//  4. Keep-alive (15 s, as net.Dialer's default) is set by the flow after
+//  4. Keep-alive (endpointKeepAlive, as net.Dialer does it) is set by the flow after
 //     the client's handshake, off the connect path (keepAlive).
 //
 // BENCHMARKS.md (the connect cell's breakdown) has the figures.
@@ -132,9 +132,10 @@ func (c *hostConn) selfConnected() bool {
 func connected(fd int) (bool, error) {
 	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
 	n, err := unix.Poll(fds[:], 0)
+	for errors.Is(err, unix.EINTR) {
+		n, err = unix.Poll(fds[:], 0)
+	}
 	switch {
-	case errors.Is(err, unix.EINTR):
-		return false, nil
 	case err != nil:
 		return false, err
 	case n == 0:
@@ -153,7 +154,7 @@ func connected(fd int) (bool, error) {
 // awaitConnect waits in the poller until the connection is established or
 // fails, or ctx is done: its end (deadline or cancel) sets a write deadline
 // in the past, the one timer of the wait, so an ended wait always returns
-// ctx's error.
+// ctx's error, and a wait that stopped the AfterFunc leaves no deadline.
 func (c *hostConn) awaitConnect(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { _ = c.f.SetWriteDeadline(time.Unix(1, 0)) })
 	var cerr error
@@ -170,10 +171,7 @@ func (c *hostConn) awaitConnect(ctx context.Context) error {
 		}
 		return werr
 	}
-	if cerr != nil {
-		return cerr
-	}
-	return c.f.SetWriteDeadline(time.Time{})
+	return cerr
 }
 
 // dialError is what net's dial would return: an *net.OpError naming the
@@ -185,15 +183,16 @@ func dialError(ep netip.AddrPort, call string, err error) error {
 	return &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(ep), Err: os.NewSyscallError(call, err)}
 }
 
-// keepAlive turns on keep-alive probes as net.Dialer's default does: after
-// 15 s idle, every 15 s, 9 unanswered end the connection (step 4).
+// keepAlive turns on keep-alive probes as net.Dialer's default does for
+// endpointKeepAlive: after that long idle, every that long, 9 unanswered end
+// the connection (step 4).
 func (c *hostConn) keepAlive() error {
 	var serr error
 	err := c.rc.Control(func(fd uintptr) {
 		for _, o := range [...]struct{ level, opt, v int }{
 			{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
-			{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 15},
-			{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 15},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(endpointKeepAlive / time.Second)},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, int(endpointKeepAlive / time.Second)},
 			{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 9},
 		} {
 			if err := unix.SetsockoptInt(int(fd), o.level, o.opt, o.v); err != nil {

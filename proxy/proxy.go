@@ -39,6 +39,13 @@ import (
 	"github.com/userproxy/userproxy/service"
 )
 
+// endpointKeepAlive is the keep-alive period of endpoint connections the
+// proxy dials itself; defaultDialer dials where dialHost does not (UDP
+// endpoints, and TCP off Linux).
+const endpointKeepAlive = 15 * time.Second
+
+var defaultDialer = &net.Dialer{KeepAlive: endpointKeepAlive}
+
 // Dialer opens host connections to endpoints; *net.Dialer is one.
 type Dialer interface {
 	DialContext(ctx context.Context, network, address string) (net.Conn, error)
@@ -171,7 +178,7 @@ func New(cfg Config) (*Proxy, error) {
 		return cfg.Dialer.DialContext(ctx, "tcp", ep.String())
 	}
 	if cfg.Dialer == nil {
-		cfg.Dialer, direct = &net.Dialer{KeepAlive: 15 * time.Second}, dialHost
+		cfg.Dialer, direct = defaultDialer, dialHost
 	}
 	if cfg.Via == ViaAPIServer && cfg.PodDialer == nil {
 		return nil, errors.New("proxy: Config.Via is apiserver without a PodDialer")

@@ -130,7 +130,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxUDPSessions, "max-udp-sessions", 65536, "concurrent UDP flows; further flows are refused (counted as table_full)")
 	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "time a client has to complete its TCP handshake, from its SYN: the endpoint dial runs within it")
 	fs.BoolVar(&f.profiling, "profiling", false, "serve Go's profiles on the admin server under /debug/pprof/")
-	fs.IntVar(&f.procs, "procs", 0, "CPUs that run the proxy's Go code at once (GOMAXPROCS); 0: one while one is enough, all while goroutines queue for it (unless the GOMAXPROCS variable is set)")
+	fs.IntVar(&f.procs, "procs", 0, "CPUs that run the proxy's Go code at once (GOMAXPROCS); 0: one while one is enough, all while goroutines queue or wait for it (unless the GOMAXPROCS variable is set)")
 	f.dns.register(fs)
 	f.log.register(fs)
 }

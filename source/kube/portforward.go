@@ -684,8 +684,14 @@ func (c *podConn) streamErr(err error) error {
 }
 
 // Read reads what the pump read; the flow's end is io.EOF only if the
-// kubelet ended it cleanly.
+// kubelet ended it cleanly. After Close it is net.ErrClosed, whatever the
+// pump left.
 func (c *podConn) Read(b []byte) (int, error) {
+	select {
+	case <-c.closed: // before what is buffered, and before the end the pump saw
+		return 0, net.ErrClosed
+	default:
+	}
 	if len(c.pending) == 0 {
 		if c.cur.buf != nil {
 			chunkPool.Put(c.cur.buf)
@@ -698,6 +704,11 @@ func (c *podConn) Read(b []byte) (int, error) {
 			return 0, net.ErrClosed
 		}
 		if !ok {
+			select {
+			case <-c.closed: // the pump saw the reset of Close: both were ready
+				return 0, net.ErrClosed
+			default:
+			}
 			return 0, c.final
 		}
 		c.pending = (*c.cur.buf)[:c.cur.n]

@@ -134,6 +134,22 @@ func (tp *diffTopo) kernelRule(table, chain string, parts ...string) int {
 // oursFlows is userproxy_flows_total{protocol="tcp",result=r} now.
 func (tp *diffTopo) oursFlows(r proxy.Result) int { return flowsCounter(tp.metrics(), r) }
 
+// failedOn says, for a split that failed on path p, what userproxy counted:
+// its TCP flow results other than zero, which tell a refusal's reason (no
+// route, the in-flight limit, a failed dial) when its log at info does not.
+func (tp *diffTopo) failedOn(p *diffPath) string {
+	if p != tp.ours && p != tp.extOurs {
+		return ""
+	}
+	var seen []string
+	for _, line := range strings.Split(tp.metrics(), "\n") {
+		if strings.HasPrefix(line, `userproxy_flows_total{protocol="tcp"`) && !strings.HasSuffix(line, " 0") {
+			seen = append(seen, line)
+		}
+	}
+	return "; userproxy counted: " + strings.Join(seen, ", ")
+}
+
 // TestDifferentialExternal runs scenarios 1-5 of this file on one topology
 // with external clients; each logs "kernel: ... | userproxy: ...".
 func TestDifferentialExternal(t *testing.T) {
@@ -175,7 +191,7 @@ func (tp *diffTopo) nodePortSplit(t *testing.T) {
 		start := time.Now()
 		c, err := p.split(diffExtClient, addr, len(extSplit.endpoints), extSplitConns)
 		if err != nil {
-			t.Fatalf("%s: %s from %s: %v (counts so far %v)", p.name, addr, diffExtClient, err, c)
+			t.Fatalf("%s: %s from %s: %v (counts so far %v)%s", p.name, addr, diffExtClient, err, c, tp.failedOn(p))
 		}
 		counts[i] = c
 		t.Logf("%s: %d connections to NodePort %s in %v", p.name, extSplitConns, addr, time.Since(start).Round(time.Millisecond))
@@ -215,7 +231,7 @@ func (tp *diffTopo) trafficPolicy(t *testing.T) {
 		for i, p := range tp.extPaths() {
 			c, err := p.split(diffExtClient, tc.addr, 4, extPolicyConns)
 			if err != nil {
-				t.Fatalf("%s: %s %s: %v (counts so far %v)", p.name, tc.svc.name, tc.addr, err, c)
+				t.Fatalf("%s: %s %s: %v (counts so far %v)%s", p.name, tc.svc.name, tc.addr, err, c, tp.failedOn(p))
 			}
 			counts[i] = c
 		}

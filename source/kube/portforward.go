@@ -687,10 +687,8 @@ func (c *podConn) streamErr(err error) error {
 // kubelet ended it cleanly. After Close it is net.ErrClosed, whatever the
 // pump left.
 func (c *podConn) Read(b []byte) (int, error) {
-	select {
-	case <-c.closed: // before what is buffered, and before the end the pump saw
+	if c.isClosed() { // before what is buffered, and before the end the pump saw
 		return 0, net.ErrClosed
-	default:
 	}
 	if len(c.pending) == 0 {
 		if c.cur.buf != nil {
@@ -704,10 +702,8 @@ func (c *podConn) Read(b []byte) (int, error) {
 			return 0, net.ErrClosed
 		}
 		if !ok {
-			select {
-			case <-c.closed: // the pump saw the reset of Close: both were ready
+			if c.isClosed() { // the pump saw the reset of Close: both were ready
 				return 0, net.ErrClosed
-			default:
 			}
 			return 0, c.final
 		}
@@ -718,6 +714,16 @@ func (c *podConn) Read(b []byte) (int, error) {
 	return n, nil
 }
 
+// isClosed reports whether Close was called.
+func (c *podConn) isClosed() bool {
+	select {
+	case <-c.closed:
+		return true
+	default:
+		return false
+	}
+}
+
 // Write writes to the data stream; once the flow failed (a stall, the
 // kubelet's error, a broken tunnel), it returns that error, since the SPDY
 // library would drop the bytes of a reset stream without one.
@@ -725,10 +731,8 @@ func (c *podConn) Write(b []byte) (int, error) {
 	if e := c.failed.Load(); e != nil {
 		return 0, *e
 	}
-	select {
-	case <-c.closed:
+	if c.isClosed() {
 		return 0, net.ErrClosed
-	default:
 	}
 	n, err := c.data.Write(b)
 	if err != nil {

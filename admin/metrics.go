@@ -49,6 +49,8 @@ type GateStats struct {
 	SegmentsAfterEntry          uint64
 	SYNACKWaitsWritten          uint64
 	SYNACKWaitsTimedOut         uint64
+	AcksSuperseded, AcksExpired uint64
+	AcksFlushed, AcksDropped    uint64
 }
 
 // Sources are where the metrics come from. Every field may be nil: its
@@ -500,6 +502,13 @@ func gateGroup(snap func() GateStats) metricGroup {
 			prometheus.CounterValue, []string{"end"}, func(s *GateStats, emit func(float64, ...string)) {
 				emit(float64(s.SYNACKWaitsWritten), "written")
 				emit(float64(s.SYNACKWaitsTimedOut), "timed_out")
+			}),
+		labeled(own("gate_acks_held_total"), "Pure ACKs to clients held back for the flow's next segment to carry, as the endpoint's kernel delays the ACK of a lone segment, by how the hold ended: superseded (the next segment carried it), expired (written after 1 ms), flushed (written when another flow's client sent data), dropped (the client's RST or the stack's close).",
+			prometheus.CounterValue, []string{"end"}, func(s *GateStats, emit func(float64, ...string)) {
+				emit(float64(s.AcksSuperseded), "superseded")
+				emit(float64(s.AcksExpired), "expired")
+				emit(float64(s.AcksFlushed), "flushed")
+				emit(float64(s.AcksDropped), "dropped")
 			}),
 	}}
 }

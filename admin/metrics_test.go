@@ -127,7 +127,8 @@ func fakeSources() admin.Sources {
 		Tracker:     fakeTracker{tr},
 		Gate: func() admin.GateStats {
 			return admin.GateStats{PacketsIn: 100, PacketsOut: 90, InvalidIn: 3, Rejected: 2, RejectRateLimited: 1,
-				Dropped: 1, TableFull: 5, Accepted: 11, TCPInFlight: 2, InFlightLimited: 7, SYNACKWaitsWritten: 5, SYNACKWaitsTimedOut: 1}
+				Dropped: 1, TableFull: 5, Accepted: 11, TCPInFlight: 2, InFlightLimited: 7, SYNACKWaitsWritten: 5, SYNACKWaitsTimedOut: 1,
+				AcksSuperseded: 40, AcksExpired: 3, AcksFlushed: 2, AcksDropped: 1}
 		},
 		ReloadErrors: func() uint64 { return 2 },
 		NodePorts:    func() admin.NodePortStats { return admin.NodePortStats{Open: 3, Failed: 1} },
@@ -230,6 +231,10 @@ func TestMetricsExposition(t *testing.T) {
 		"userproxy_gate_tcp_handshakes_in_flight 2",
 		`userproxy_gate_synack_waits_total{end="written"} 5`,
 		`userproxy_gate_synack_waits_total{end="timed_out"} 1`,
+		`userproxy_gate_acks_held_total{end="superseded"} 40`,
+		`userproxy_gate_acks_held_total{end="expired"} 3`,
+		`userproxy_gate_acks_held_total{end="flushed"} 2`,
+		`userproxy_gate_acks_held_total{end="dropped"} 1`,
 		"userproxy_config_reload_errors_total 2",
 		`userproxy_nodeport_sockets{state="open"} 3`,
 		`userproxy_nodeport_sockets{state="failed"} 1`,

@@ -484,6 +484,50 @@ func startIdleFlow(t *testing.T, tunName string) (*binNS, *proc, net.Conn) {
 	return b, p, c
 }
 
+// Requests and answers on one connection through the real TUN: after the
+// first, the ACK of each request is held until the answer carries it
+// (netstack/ackhold.go), which /metrics counts as superseded; every answer
+// arrives.
+func TestBinaryAnswerCarriesTheACK(t *testing.T) {
+	requireRoot(t)
+	bin := userproxyBinary(t)
+	b := newBinNS(t)
+	var ln net.Listener
+	if err := b.c.run(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	ep := serveTCP(t, ln, lineEcho("a")).addr
+	cfg := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, cfg, quickConfig(ep, b.udpEcho()))
+	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxack0", "--min-sync-period", "0")
+	b.waitHealthy(p)
+	c, err := b.c.dial("tcp", "10.96.0.10:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	rd := bufio.NewReader(c)
+	for i := range 50 {
+		req := fmt.Sprintf("request %d\n", i)
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := rd.ReadString('\n'); err != nil || got != "a "+req {
+			t.Fatalf("answer %d: %q, %v", i, got, err)
+		}
+	}
+	_, body, _ := b.get("/metrics")
+	held := metric(body, `userproxy_gate_acks_held_total{end="superseded"}`)
+	t.Logf("of 50 requests, %v ACKs held and superseded", held)
+	if held < 1 {
+		t.Fatalf("no ACK was held for its answer to carry:\n%s", grepLines(body, "gate_acks_held"))
+	}
+	if err := p.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // SIGTERM lets flows finish for the grace period (3 s), then resets the
 // ones still open, so that a client whose response was cut short sees a
 // reset rather than a clean EOF (issue 15, item 8); the proxy then exits 0.

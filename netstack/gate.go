@@ -20,10 +20,13 @@ package netstack
 //  4. ESTABLISHED and RELATED packets go on into gVisor, but for datagrams
 //     of UDP flows whose handler registered a bypass (bypass.go); a TCP
 //     segment of a flow whose SYN-ACK is being written waits for that write
-//     first (synack.go).
+//     first (synack.go), and the link's gate notes the client's data for
+//     the held ACK (ackhold.go).
 //  5. Packets gVisor writes to the link, and the UDP replies the gate builds
 //     (udpreply.go), are classified in the Reply direction; INVALID ones are
-//     dropped and counted, the rest are written. The RST of a flow ended
+//     dropped and counted, the rest are written, but for a pure ACK that
+//     the link's gate holds for the flow's next segment to carry
+//     (ackhold.go). The RST of a flow ended
 //     after its entry went is let through, and so is the client's answer to
 //     it (reset.go).
 
@@ -97,6 +100,7 @@ type gate struct {
 	bypass   *udpBypass
 	resets   *resetting
 	synAcks  *synAckWrites
+	acks     *ackHolder             // the link's gate only (ackhold.go)
 	defrag   *conntrack.Reassembler // set by the Stack before the NIC is created
 
 	// own guards the writes that come from outside gVisor (UDP replies,
@@ -188,6 +192,9 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 		if res.Tuple.Proto() == conntrack.TCP && g.synAcks != nil {
 			g.synAcks.wait(res.Tuple) // synack.go
 		}
+		if res.Tuple.Proto() == conntrack.TCP && g.acks != nil {
+			g.acks.in(res.Tuple, b) // ackhold.go
+		}
 	}
 	g.Endpoint.DeliverNetworkPacket(proto, pkt)
 }
@@ -242,6 +249,10 @@ func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 		}
 		if g.synAcks != nil && res.Tuple.Proto() == conntrack.TCP && isSynAck(b) {
 			defer g.synAcks.begin(res.Tuple)() // synack.go
+		}
+		if g.acks != nil && res.Tuple.Proto() == conntrack.TCP && g.acks.out(res.Tuple, b, pkt, n == 1 && res.Verdict == conntrack.Established) {
+			drop = markDrop(drop, n, i) // held (ackhold.go)
+			continue
 		}
 	}
 	if drop == nil {

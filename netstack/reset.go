@@ -93,6 +93,7 @@ func (r *resetting) ended(t conntrack.Tuple) bool {
 
 // TCP flags tcpSegment reports.
 const (
+	tcpFIN = 0x01
 	tcpSYN = 0x02
 	tcpRST = 0x04
 	tcpACK = 0x10

@@ -111,6 +111,7 @@ type Stack struct {
 	bypass      udpBypass
 	resets      resetting
 	synAcks     synAckWrites
+	acks        *ackHolder // the link gate's (ackhold.go)
 
 	mu        sync.Mutex
 	closed    bool
@@ -199,6 +200,13 @@ func (st *Stack) build(opts Options) error {
 	st.gates[linkNIC] = newGate(opts.Link.ep, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)
 	st.synAcks.limit = synAckWait
 	st.gates[linkNIC].synAcks = &st.synAcks // the link's writes run the client's side (synack.go)
+	lg := st.gates[linkNIC]
+	st.acks = newAckHolder(func(pl stack.PacketBufferList) { // ackhold.go
+		if _, err := lg.child.WritePackets(pl); err != nil {
+			st.counters.outboundWriteError.Add(1)
+		}
+	}, ackHold, time.Now)
+	lg.acks = st.acks
 	st.gates[inProcNIC] = newGate(ours, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)
 	for _, g := range st.gates {
 		g.defrag = opts.Reassembler
@@ -392,6 +400,12 @@ type Stats struct {
 	// until their flow's SYN-ACK write returned, SYNACKWaitsTimedOut those
 	// it delivered when the wait's bound ran out first (synack.go).
 	SYNACKWaitsWritten, SYNACKWaitsTimedOut uint64
+	// AcksSuperseded, AcksExpired, AcksFlushed and AcksDropped count the
+	// pure ACKs the link's gate held back, by how the hold ended: the flow's
+	// next segment carried the acknowledgment, its time ran out, another
+	// flow's data came, or the client's RST or the stack's close took it
+	// (ackhold.go).
+	AcksSuperseded, AcksExpired, AcksFlushed, AcksDropped uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -404,6 +418,10 @@ func (st *Stack) Stats() Stats {
 	if st.link.unsupported != nil {
 		linkUnsupported = st.link.unsupported.Load()
 	}
+	acks := st.acks
+	if acks == nil {
+		acks = &ackHolder{}
+	}
 	return Stats{
 		PacketsIn: c.inbound.Load(), PacketsOut: c.outbound.Load(),
 		InvalidIn: c.invalidIn.Load(), InvalidOut: c.invalidOut.Load(),
@@ -415,6 +433,8 @@ func (st *Stack) Stats() Stats {
 		HandlerPanics: c.handlerPanics.Load(), HandshakesAborted: c.handshakesAborted.Load(),
 		ResetsAfterEntry: c.resetsOut.Load(), SegmentsAfterEntry: c.resetsIn.Load(),
 		SYNACKWaitsWritten: st.synAcks.written.Load(), SYNACKWaitsTimedOut: st.synAcks.timedOut.Load(),
+		AcksSuperseded: acks.superseded.Load(), AcksExpired: acks.expired.Load(),
+		AcksFlushed: acks.flushed.Load(), AcksDropped: acks.dropped.Load(),
 	}
 }
 
@@ -465,6 +485,9 @@ func (st *Stack) Close() {
 		}
 		for _, g := range st.gates {
 			g.closeOwn() // no UDP reply from the proxy reaches a closed link
+		}
+		if st.acks != nil {
+			st.acks.close() // nor a held ACK
 		}
 		if st.pipe != nil {
 			st.pipe.close()

@@ -187,15 +187,15 @@ func (h *ackHolder) expire() {
 		h.timer.Reset(left) // a firing armed for an earlier hold
 		return
 	}
+	h.expired.Add(1) // before the write, which a reader may be waiting for
 	h.writeLocked()
-	h.expired.Add(1)
 }
 
 // flushLocked writes a held ACK now: its flow is no longer followed.
 func (h *ackHolder) flushLocked() {
 	if h.held != nil {
-		h.writeLocked()
 		h.flushed.Add(1)
+		h.writeLocked()
 	}
 }
 

@@ -486,8 +486,9 @@ func startIdleFlow(t *testing.T, tunName string) (*binNS, *proc, net.Conn) {
 
 // Requests and answers on one connection through the real TUN: after the
 // first, the ACK of each request is held until the answer carries it
-// (netstack/ackhold.go), which /metrics counts as superseded; every answer
-// arrives.
+// (netstack/ackhold.go), which /metrics counts as superseded: for most of
+// them (49 of 50 on the development VM; at one P gVisor's ACK is always
+// written before the answer); and every answer arrives.
 func TestBinaryAnswerCarriesTheACK(t *testing.T) {
 	requireRoot(t)
 	bin := userproxyBinary(t)
@@ -520,8 +521,8 @@ func TestBinaryAnswerCarriesTheACK(t *testing.T) {
 	_, body, _ := b.get("/metrics")
 	held := metric(body, `userproxy_gate_acks_held_total{end="superseded"}`)
 	t.Logf("of 50 requests, %v ACKs held and superseded", held)
-	if held < 1 {
-		t.Fatalf("no ACK was held for its answer to carry:\n%s", grepLines(body, "gate_acks_held"))
+	if held < 25 {
+		t.Fatalf("%v of 50 ACKs held for the answer to carry, want most:\n%s", held, grepLines(body, "gate_acks_held"))
 	}
 	if err := p.stop(t); err != nil {
 		t.Fatal(err)

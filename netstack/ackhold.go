@@ -21,7 +21,9 @@ package netstack
 //  3. The flow's next outbound segment carries the same acknowledgment or a
 //     later one and a fresher window: the held ACK is dropped (superseded).
 //     After ackHold, or when a client sends data on another flow, it is
-//     written as it was (expired, flushed). A RST from the client drops it.
+//     written as it was (expired, flushed). A RST from the client that
+//     gVisor takes (at the sequence number it expects) drops it; one that
+//     gVisor ignores lets it out.
 //
 // A second segment from the client before the ACK is written is not noted
 // (step 1: it does not start at the last ACK written), and the ACK gVisor
@@ -128,6 +130,13 @@ func (h *ackHolder) in(t conntrack.Tuple, b []byte) {
 		return
 	}
 	if rst {
+		if h.held != nil && s.seq != h.heldAck {
+			// gVisor takes only a RST at the sequence number it expects
+			// next; it ignores this one (a challenge ACK at most, rate
+			// limited), and the client still needs the ACK.
+			h.flushLocked()
+			return
+		}
 		if h.held != nil {
 			h.dropLocked()
 			h.dropped.Add(1)
@@ -153,9 +162,15 @@ func (h *ackHolder) out(t conntrack.Tuple, b []byte, pkt *stack.PacketBuffer, ho
 	if !ok {
 		return false
 	}
-	if h.held != nil { // step 3: this segment goes out after it, and says as much
-		h.dropLocked()
-		h.superseded.Add(1)
+	if h.held != nil {
+		if int32(s.ack-h.heldAck) >= 0 || s.flags&tcpACK == 0 {
+			// Step 3: this segment goes out after it and says as much (or
+			// is a RST, after which nothing is acknowledged).
+			h.dropLocked()
+			h.superseded.Add(1)
+		} else {
+			h.flushLocked() // an older acknowledgment: gVisor sends none, but it would not carry the held one
+		}
 	}
 	if s.flags&tcpACK == 0 {
 		h.ackKnown, h.noted = false, false
@@ -173,6 +188,18 @@ func (h *ackHolder) out(t conntrack.Tuple, b []byte, pkt *stack.PacketBuffer, ho
 	}
 	h.lastAck, h.ackKnown = s.ack, true
 	return false
+}
+
+// resetOut sees a RST of flow t that the gate lets out after the flow's
+// entry went (reset.go): a held ACK of the flow is dropped, as it would be
+// behind any later segment.
+func (h *ackHolder) resetOut(t conntrack.Tuple) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if t == h.flow && h.held != nil {
+		h.dropLocked()
+		h.dropped.Add(1)
+	}
 }
 
 // expire writes a held ACK whose time is up (step 3); it runs on the

@@ -205,6 +205,39 @@ func TestHeldAckDroppedByRSTAndClose(t *testing.T) {
 	noWrite(t, rec)
 }
 
+// TestHeldAckLetOutByAnIgnoredRST: a RST from the client away from the
+// sequence number gVisor expects is ignored by gVisor (RFC 5961, a
+// challenge ACK at most), so the held ACK, which the client still needs,
+// goes out; a RST that ends the flow after its entry went drops it.
+func TestHeldAckLetOutByAnIgnoredRST(t *testing.T) {
+	h, rec := newTestAckHolder(time.Minute)
+	exchange(h, 1000, "hello")
+	h.in(ackFlow, fromClient(client, 1005, "again"))
+	toClient(h, 1010, "", true)
+	h.in(ackFlow, fromClient(client, 1012, ""))
+	select {
+	case ack := <-rec.acks:
+		if ack != 1010 {
+			t.Fatalf("wrote an ACK of %d, want 1010", ack)
+		}
+	default:
+		t.Fatal("a RST gVisor ignores kept the ACK held")
+	}
+	if h.dropped.Load() != 0 || h.flushed.Load() != 1 {
+		t.Fatalf("%d dropped, %d flushed; want 0 and 1", h.dropped.Load(), h.flushed.Load())
+	}
+	if !exchange(h, 1010, "third") {
+		t.Fatal("the flow was forgotten after a RST gVisor ignores")
+	}
+	h.in(ackFlow, fromClient(client, 1015, "again"))
+	toClient(h, 1020, "", true)
+	h.resetOut(ackFlow)
+	if n := h.dropped.Load(); n != 1 {
+		t.Fatalf("%d dropped after the flow's RST went out, want 1", n)
+	}
+	noWrite(t, rec)
+}
+
 // TestEchoCarriesTheHeldACK, through the stack: after a first exchange, the
 // pure ACK of the client's next request is held until the handler answers,
 // and the answer carries the acknowledgment (no pure ACK reaches the link);

@@ -237,6 +237,9 @@ func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 		b := appendHead((*bp)[:0], pkt)
 		if g.resets.passOut(b) {
 			g.counters.resetsOut.Add(1)
+			if t, _, ok := tcpSegment(b, conntrack.Reply); ok && g.acks != nil {
+				g.acks.resetOut(t) // ackhold.go
+			}
 			continue
 		}
 		res := g.ct.ClassifyHead(b, pkt.Size(), conntrack.Reply)

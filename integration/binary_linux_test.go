@@ -94,12 +94,15 @@ func newBinNS(t *testing.T) *binNS {
 }
 
 // tcpEndpoint listens on 127.0.0.1 inside the namespace and answers name.
-func (b *binNS) tcpEndpoint(name string) netip.AddrPort {
+func (b *binNS) tcpEndpoint(name string) netip.AddrPort { return b.serveTCP(nameServer(name)) }
+
+// serveTCP serves connections with serve on 127.0.0.1 inside the namespace.
+func (b *binNS) serveTCP(serve func(net.Conn)) netip.AddrPort {
 	var ln net.Listener
 	if err := b.c.run(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
 		b.t.Fatal(err)
 	}
-	return serveTCP(b.t, ln, nameServer(name)).addr
+	return serveTCP(b.t, ln, serve).addr
 }
 
 // udpEcho answers datagrams on 127.0.0.1 inside the namespace.
@@ -464,11 +467,7 @@ func startIdleFlow(t *testing.T, tunName string) (*binNS, *proc, net.Conn) {
 	requireRoot(t)
 	bin := userproxyBinary(t)
 	b := newBinNS(t)
-	var ln net.Listener
-	if err := b.c.run(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	idle := serveTCP(t, ln, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) }).addr
+	idle := b.serveTCP(func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
 	cfg := filepath.Join(t.TempDir(), "services.yaml")
 	writeFile(t, cfg, quickConfig(idle, b.udpEcho()))
 	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", tunName, "--min-sync-period", "0")
@@ -493,11 +492,7 @@ func TestBinaryAnswerCarriesTheACK(t *testing.T) {
 	requireRoot(t)
 	bin := userproxyBinary(t)
 	b := newBinNS(t)
-	var ln net.Listener
-	if err := b.c.run(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	ep := serveTCP(t, ln, lineEcho("a")).addr
+	ep := b.serveTCP(lineEcho("a"))
 	cfg := filepath.Join(t.TempDir(), "services.yaml")
 	writeFile(t, cfg, quickConfig(ep, b.udpEcho()))
 	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxack0", "--min-sync-period", "0")

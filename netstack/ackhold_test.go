@@ -58,6 +58,29 @@ func exchange(h *ackHolder, seq uint32, req string) bool {
 	return held
 }
 
+// holdOne has the client send a 5-byte request at seq and gVisor
+// acknowledge it, and fails unless that ACK is held.
+func holdOne(t *testing.T, h *ackHolder, seq uint32) {
+	t.Helper()
+	h.in(ackFlow, fromClient(client, seq, "again"))
+	if !toClient(h, seq+5, "", true) {
+		t.Fatalf("the ACK of %d was not held", seq+5)
+	}
+}
+
+// written fails unless the holder wrote an ACK of want, what says why.
+func written(t *testing.T, rec *ackRecorder, want uint32, what string) {
+	t.Helper()
+	select {
+	case ack := <-rec.acks:
+		if ack != want {
+			t.Fatalf("%s: wrote an ACK of %d, want %d", what, ack, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: the held ACK was not written", what)
+	}
+}
+
 func noWrite(t *testing.T, rec *ackRecorder) {
 	t.Helper()
 	select {
@@ -135,18 +158,8 @@ func TestAckNotHeldUnlessAloneAndEstablished(t *testing.T) {
 func TestHeldAckExpires(t *testing.T) {
 	h, rec := newTestAckHolder(20 * time.Millisecond)
 	exchange(h, 1000, "hello")
-	h.in(ackFlow, fromClient(client, 1005, "again"))
-	if !toClient(h, 1010, "", true) {
-		t.Fatal("not held")
-	}
-	select {
-	case ack := <-rec.acks:
-		if ack != 1010 {
-			t.Fatalf("wrote an ACK of %d, want 1010", ack)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the held ACK was never written")
-	}
+	holdOne(t, h, 1005)
+	written(t, rec, 1010, "at the limit")
 	if n := h.expired.Load(); n != 1 {
 		t.Fatalf("%d expired, want 1", n)
 	}
@@ -160,18 +173,10 @@ func TestHeldAckExpires(t *testing.T) {
 func TestHeldAckFlushedForAnotherFlow(t *testing.T) {
 	h, rec := newTestAckHolder(time.Minute)
 	exchange(h, 1000, "hello")
-	h.in(ackFlow, fromClient(client, 1005, "again"))
-	toClient(h, 1010, "", true)
+	holdOne(t, h, 1005)
 	other := netip.AddrPortFrom(client.Addr(), client.Port()+1)
 	h.in(conntrack.MakeTuple(conntrack.TCP, other, service), fromClient(other, 1, "hi"))
-	select {
-	case ack := <-rec.acks:
-		if ack != 1010 {
-			t.Fatalf("flushed an ACK of %d, want 1010", ack)
-		}
-	default:
-		t.Fatal("the held ACK was not written when another flow's data came")
-	}
+	written(t, rec, 1010, "another flow's data")
 	if n := h.flushed.Load(); n != 1 {
 		t.Fatalf("%d flushed, want 1", n)
 	}
@@ -186,15 +191,13 @@ func TestHeldAckFlushedForAnotherFlow(t *testing.T) {
 func TestHeldAckDroppedByRSTAndClose(t *testing.T) {
 	h, rec := newTestAckHolder(time.Minute)
 	exchange(h, 1000, "hello")
-	h.in(ackFlow, fromClient(client, 1005, "again"))
-	toClient(h, 1010, "", true)
+	holdOne(t, h, 1005)
 	h.in(ackFlow, fromClient(client, 1010, ""))
 	if n := h.dropped.Load(); n != 1 {
 		t.Fatalf("%d dropped after the client's RST, want 1", n)
 	}
 	exchange(h, 2000, "hello")
-	h.in(ackFlow, fromClient(client, 2005, "again"))
-	toClient(h, 2010, "", true)
+	holdOne(t, h, 2005)
 	h.close()
 	if n := h.dropped.Load(); n != 2 {
 		t.Fatalf("%d dropped after close, want 2", n)
@@ -212,25 +215,16 @@ func TestHeldAckDroppedByRSTAndClose(t *testing.T) {
 func TestHeldAckLetOutByAnIgnoredRST(t *testing.T) {
 	h, rec := newTestAckHolder(time.Minute)
 	exchange(h, 1000, "hello")
-	h.in(ackFlow, fromClient(client, 1005, "again"))
-	toClient(h, 1010, "", true)
+	holdOne(t, h, 1005)
 	h.in(ackFlow, fromClient(client, 1012, ""))
-	select {
-	case ack := <-rec.acks:
-		if ack != 1010 {
-			t.Fatalf("wrote an ACK of %d, want 1010", ack)
-		}
-	default:
-		t.Fatal("a RST gVisor ignores kept the ACK held")
-	}
+	written(t, rec, 1010, "a RST gVisor ignores")
 	if h.dropped.Load() != 0 || h.flushed.Load() != 1 {
 		t.Fatalf("%d dropped, %d flushed; want 0 and 1", h.dropped.Load(), h.flushed.Load())
 	}
 	if !exchange(h, 1010, "third") {
 		t.Fatal("the flow was forgotten after a RST gVisor ignores")
 	}
-	h.in(ackFlow, fromClient(client, 1015, "again"))
-	toClient(h, 1020, "", true)
+	holdOne(t, h, 1015)
 	h.resetOut(ackFlow)
 	if n := h.dropped.Load(); n != 1 {
 		t.Fatalf("%d dropped after the flow's RST went out, want 1", n)

@@ -54,6 +54,10 @@ type ackHolder struct {
 	write func(stack.PacketBufferList) // the link's write, for a held ACK that goes out
 	now   func() time.Time
 
+	// port is the followed flow's client port + 1 (0: none), set under mu:
+	// out passes over the segments of other flows without taking mu.
+	port atomic.Uint32
+
 	mu       sync.Mutex
 	flow     conntrack.Tuple // the flow followed
 	ackKnown bool            // lastAck holds a value
@@ -71,11 +75,21 @@ type ackHolder struct {
 	superseded, expired, flushed, dropped atomic.Uint64
 }
 
-func newAckHolder(write func(stack.PacketBufferList), limit time.Duration, now func() time.Time) *ackHolder {
-	h := &ackHolder{limit: limit, write: write, now: now}
+// init readies h; the zero ackHolder holds nothing and closes.
+func (h *ackHolder) init(write func(stack.PacketBufferList), limit time.Duration, now func() time.Time) {
+	h.limit, h.write, h.now = limit, write, now
 	h.timer = time.AfterFunc(time.Hour, h.expire)
 	h.timer.Stop()
-	return h
+}
+
+// follow makes t the followed flow (the zero Tuple: none); under mu.
+func (h *ackHolder) follow(t conntrack.Tuple) {
+	h.flow, h.ackKnown, h.noted = t, false, false
+	if t.IsValid() {
+		h.port.Store(uint32(t.SrcPort()) + 1)
+	} else {
+		h.port.Store(0)
+	}
 }
 
 // tcpSeg is what the holder reads of a TCP segment.
@@ -125,7 +139,7 @@ func (h *ackHolder) in(t conntrack.Tuple, b []byte) {
 	if t != h.flow {
 		if data {
 			h.flushLocked()
-			h.flow, h.ackKnown, h.noted = t, false, false
+			h.follow(t)
 		}
 		return
 	}
@@ -141,7 +155,7 @@ func (h *ackHolder) in(t conntrack.Tuple, b []byte) {
 			h.dropLocked()
 			h.dropped.Add(1)
 		}
-		h.flow, h.ackKnown, h.noted = conntrack.Tuple{}, false, false
+		h.follow(conntrack.Tuple{})
 		return
 	}
 	h.noted = h.ackKnown && s.seq == h.lastAck
@@ -153,6 +167,9 @@ func (h *ackHolder) in(t conntrack.Tuple, b []byte) {
 // write and of an ESTABLISHED flow. It reports whether it holds pkt (step
 // 2), which the caller then leaves out of the write.
 func (h *ackHolder) out(t conntrack.Tuple, b []byte, pkt *stack.PacketBuffer, holdable bool) bool {
+	if h.port.Load() != uint32(t.SrcPort())+1 {
+		return false // not the followed flow
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if t != h.flow || h.closed {
@@ -194,6 +211,9 @@ func (h *ackHolder) out(t conntrack.Tuple, b []byte, pkt *stack.PacketBuffer, ho
 // entry went (reset.go): a held ACK of the flow is dropped, as it would be
 // behind any later segment.
 func (h *ackHolder) resetOut(t conntrack.Tuple) {
+	if h.port.Load() != uint32(t.SrcPort())+1 {
+		return
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if t == h.flow && h.held != nil {

@@ -23,7 +23,9 @@ func (r *ackRecorder) write(pl stack.PacketBufferList) {
 
 func newTestAckHolder(limit time.Duration) (*ackHolder, *ackRecorder) {
 	rec := &ackRecorder{acks: make(chan uint32, 16)}
-	return newAckHolder(rec.write, limit, time.Now), rec
+	h := &ackHolder{}
+	h.init(rec.write, limit, time.Now)
+	return h, rec
 }
 
 var ackFlow = conntrack.MakeTuple(conntrack.TCP, client, service)

@@ -235,9 +235,9 @@ func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 			continue
 		}
 		b := appendHead((*bp)[:0], pkt)
-		if g.resets.passOut(b) {
+		if t, ok := g.resets.passOut(b); ok {
 			g.counters.resetsOut.Add(1)
-			if t, _, ok := tcpSegment(b, conntrack.Reply); ok && g.acks != nil {
+			if g.acks != nil {
 				g.acks.resetOut(t) // ackhold.go
 			}
 			continue

@@ -63,13 +63,14 @@ func (r *resetting) mark(t conntrack.Tuple) {
 }
 
 // passOut reports whether b, a packet the stack writes, is the RST of a
-// marked flow without an entry (step 2).
-func (r *resetting) passOut(b []byte) bool {
+// marked flow without an entry (step 2), and returns the flow's tuple when
+// it is.
+func (r *resetting) passOut(b []byte) (conntrack.Tuple, bool) {
 	if r.n.Load() == 0 {
-		return false
+		return conntrack.Tuple{}, false
 	}
 	t, flags, ok := tcpSegment(b, conntrack.Reply)
-	return ok && flags&tcpRST != 0 && r.ended(t)
+	return t, ok && flags&tcpRST != 0 && r.ended(t)
 }
 
 // passIn reports whether b, a packet from the client, is a non-SYN segment
@@ -91,7 +92,7 @@ func (r *resetting) ended(t conntrack.Tuple) bool {
 	return !live
 }
 
-// TCP flags tcpSegment reports.
+// TCP flags, as tcpSegment and readTCPSeg (ackhold.go) report them.
 const (
 	tcpFIN = 0x01
 	tcpSYN = 0x02

@@ -111,7 +111,7 @@ type Stack struct {
 	bypass      udpBypass
 	resets      resetting
 	synAcks     synAckWrites
-	acks        *ackHolder // the link gate's (ackhold.go)
+	acks        ackHolder // the link gate's (ackhold.go)
 
 	mu        sync.Mutex
 	closed    bool
@@ -201,12 +201,12 @@ func (st *Stack) build(opts Options) error {
 	st.synAcks.limit = synAckWait
 	st.gates[linkNIC].synAcks = &st.synAcks // the link's writes run the client's side (synack.go)
 	lg := st.gates[linkNIC]
-	st.acks = newAckHolder(func(pl stack.PacketBufferList) { // ackhold.go
+	st.acks.init(func(pl stack.PacketBufferList) { // ackhold.go
 		if _, err := lg.child.WritePackets(pl); err != nil {
 			st.counters.outboundWriteError.Add(1)
 		}
 	}, ackHold, time.Now)
-	lg.acks = st.acks
+	lg.acks = &st.acks
 	st.gates[inProcNIC] = newGate(ours, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)
 	for _, g := range st.gates {
 		g.defrag = opts.Reassembler
@@ -418,10 +418,7 @@ func (st *Stack) Stats() Stats {
 	if st.link.unsupported != nil {
 		linkUnsupported = st.link.unsupported.Load()
 	}
-	acks := st.acks
-	if acks == nil {
-		acks = &ackHolder{}
-	}
+	acks := &st.acks
 	return Stats{
 		PacketsIn: c.inbound.Load(), PacketsOut: c.outbound.Load(),
 		InvalidIn: c.invalidIn.Load(), InvalidOut: c.invalidOut.Load(),
@@ -486,9 +483,7 @@ func (st *Stack) Close() {
 		for _, g := range st.gates {
 			g.closeOwn() // no UDP reply from the proxy reaches a closed link
 		}
-		if st.acks != nil {
-			st.acks.close() // nor a held ACK
-		}
+		st.acks.close() // nor a held ACK
 		if st.pipe != nil {
 			st.pipe.close()
 		}

@@ -58,6 +58,7 @@ type segment struct {
 	flags   uint8  // raw TCP flags byte
 	wscale  uint8  // window scale option value, if optWScale
 	opts    uint8  // optPresent, optWScale, optSackPerm
+	lone    bool   // set by tcpInWindow: Result.LoneSegment
 }
 
 // segment.opts bits.

@@ -48,6 +48,14 @@ type Result struct {
 	seg segment
 }
 
+// LoneSegment reports whether the packet is an accepted TCP segment with
+// data or a FIN that starts where everything its sender sent before it
+// ended, all of which the other side had acknowledged as far as the table
+// saw: it is then the only thing the receiver has to acknowledge. (The
+// kernel's table keeps the same facts, td_end and
+// IP_CT_TCP_FLAG_DATA_UNACKNOWLEDGED, but reports nothing of them.)
+func (r *Result) LoneSegment() bool { return r.seg.lone }
+
 // Table is a connection tracking table. All methods are safe for concurrent
 // use. Build it with NewTable.
 type Table struct {

@@ -484,6 +484,9 @@ func (t *Table) tcpInWindow(c *tcpConn, dir Direction, idx uint8, s *segment) wi
 		return t.windowFail(sender, winIgnore)
 	}
 
+	// Not the kernel's: what Result.LoneSegment reports, read before the
+	// update below.
+	s.lone = !syn && s.flags&flagRST == 0 && end != seq && seq == sender.end && sender.flags&peerDataUnack == 0
 	if !syn {
 		win <<= sender.scale // RFC 7323: windows in SYNs are never scaled
 	}

@@ -739,3 +739,44 @@ func TestTCPResetNotEstablishedIsWindowChecked(t *testing.T) {
 		t.Errorf("state %v, want SYN_RECV", i.State)
 	}
 }
+
+// TestTCPLoneSegment: a segment with data (or a FIN) is lone when it starts
+// where its sender's data ended and all of that was acknowledged: the first
+// request after the handshake, the next once the answer acknowledged it;
+// not the second of two unacknowledged segments, a retransmission, a pure
+// ACK or a RST.
+func TestTCPLoneSegment(t *testing.T) {
+	tab, clk := newTestTable(t, nil)
+	f := newFlow(t, tab, clk, client4, service4)
+	f.mustSend(Original, flagSYN, 0)
+	if r := f.mustSend(Reply, flagSYN|flagACK, 0); r.LoneSegment() {
+		t.Fatal("the SYN/ACK is lone")
+	}
+	if r := f.mustSend(Original, flagACK, 0); r.LoneSegment() {
+		t.Fatal("a pure ACK is lone")
+	}
+	first := f.seg(Original, flagACK|flagPSH, 100)
+	if r := f.mustSend(Original, flagACK|flagPSH, 100); !r.LoneSegment() {
+		t.Fatal("the first request is not lone")
+	}
+	if r := f.mustSend(Original, flagACK|flagPSH, 100); r.LoneSegment() {
+		t.Fatal("a second unacknowledged segment is lone")
+	}
+	if r := f.mustSend(Reply, flagACK|flagPSH, 50); !r.LoneSegment() {
+		t.Fatal("the answer, acknowledging both, is not lone")
+	}
+	if r := f.classify(tcpPacket(first), Original); r.Verdict == Invalid || r.LoneSegment() {
+		t.Fatalf("a retransmission: %v, lone %v; want accepted, not lone", r.Verdict, r.LoneSegment())
+	}
+	if r := f.mustSend(Original, flagACK|flagPSH, 10); !r.LoneSegment() {
+		t.Fatal("the next request, all before it acknowledged, is not lone")
+	}
+	f.mustSend(Reply, flagACK, 0)
+	if r := f.mustSend(Original, flagACK|flagFIN, 0); !r.LoneSegment() {
+		t.Fatal("a FIN after everything was acknowledged is not lone")
+	}
+	f.mustSend(Reply, flagACK, 0)
+	if r := f.mustSend(Reply, flagRST, 0); r.LoneSegment() {
+		t.Fatal("a RST is lone")
+	}
+}

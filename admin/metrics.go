@@ -503,7 +503,7 @@ func gateGroup(snap func() GateStats) metricGroup {
 				emit(float64(s.SYNACKWaitsWritten), "written")
 				emit(float64(s.SYNACKWaitsTimedOut), "timed_out")
 			}),
-		labeled(own("gate_acks_held_total"), "Pure ACKs to clients held back for the flow's next segment to carry, as the endpoint's kernel delays the ACK of a lone segment, by how the hold ended: superseded (the next segment carried it), expired (written after 1 ms), flushed (written when another flow's client sent data), dropped (the client's RST or the stack's close).",
+		labeled(own("gate_acks_held_total"), "Pure ACKs to clients held back for the flow's next segment to carry, as the endpoint's kernel delays the ACK of a lone segment, by how the hold ended: superseded (the next segment carried it), expired (written after 1 ms), flushed (written early: a client RST that gVisor ignores, or an older acknowledgment after it), dropped (the client's RST or the stack's close).",
 			prometheus.CounterValue, []string{"end"}, func(s *GateStats, emit func(float64, ...string)) {
 				emit(float64(s.AcksSuperseded), "superseded")
 				emit(float64(s.AcksExpired), "expired")

@@ -483,11 +483,11 @@ func startIdleFlow(t *testing.T, tunName string) (*binNS, *proc, net.Conn) {
 	return b, p, c
 }
 
-// Requests and answers on one connection through the real TUN: after the
-// first, the ACK of each request is held until the answer carries it
-// (netstack/ackhold.go), which /metrics counts as superseded: for most of
-// them (49 of 50 on the development VM; at one P gVisor's ACK is always
-// written before the answer); and every answer arrives.
+// Requests and answers on five connections at once through the real TUN,
+// taken in turn: the ACK of each request, and of each client's FIN, is held
+// until the answer (or the FIN back) carries it (netstack/ackhold.go), which
+// /metrics counts as superseded: for most of them (at one P gVisor's ACK is
+// always written before the answer); and every answer arrives.
 func TestBinaryAnswerCarriesTheACK(t *testing.T) {
 	requireRoot(t)
 	bin := userproxyBinary(t)
@@ -497,27 +497,45 @@ func TestBinaryAnswerCarriesTheACK(t *testing.T) {
 	writeFile(t, cfg, quickConfig(ep, b.udpEcho()))
 	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxack0", "--min-sync-period", "0")
 	b.waitHealthy(p)
-	c, err := b.c.dial("tcp", "10.96.0.10:80")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	rd := bufio.NewReader(c)
-	for i := range 50 {
-		req := fmt.Sprintf("request %d\n", i)
-		if _, err := io.WriteString(c, req); err != nil {
+	// Five connections at once, their requests taken in turn: each flow
+	// holds its own ACKs, the first request's and the FIN's included.
+	conns := make([]net.Conn, 5)
+	rds := make([]*bufio.Reader, len(conns))
+	for k := range conns {
+		c, err := b.c.dial("tcp", "10.96.0.10:80")
+		if err != nil {
 			t.Fatal(err)
 		}
-		if got, err := rd.ReadString('\n'); err != nil || got != "a "+req {
-			t.Fatalf("answer %d: %q, %v", i, got, err)
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		conns[k], rds[k] = c, bufio.NewReader(c)
+	}
+	for i := range 10 {
+		for k, c := range conns {
+			req := fmt.Sprintf("request %d on %d\n", i, k)
+			if _, err := io.WriteString(c, req); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := rds[k].ReadString('\n'); err != nil || got != "a "+req {
+				t.Fatalf("answer %d on %d: %q, %v", i, k, got, err)
+			}
+		}
+	}
+	// The client's FIN, then the endpoint's, which carries the ACK of the
+	// client's.
+	for k, c := range conns {
+		if err := c.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := rds[k].Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Fatalf("connection %d after its FIN: %d bytes, %v; want EOF", k, n, err)
 		}
 	}
 	_, body, _ := b.get("/metrics")
 	held := metric(body, `userproxy_gate_acks_held_total{end="superseded"}`)
-	t.Logf("of 50 requests, %v ACKs held and superseded", held)
-	if held < 25 {
-		t.Fatalf("%v of 50 ACKs held for the answer to carry, want most:\n%s", held, grepLines(body, "gate_acks_held"))
+	t.Logf("of 50 requests and 5 FINs, %v ACKs held and superseded:\n%s", held, grepLines(body, "gate_acks_held"))
+	if held < 40 {
+		t.Fatalf("%v of 50 requests' ACKs held for the answer to carry, want most:\n%s", held, grepLines(body, "gate_acks_held"))
 	}
 	if err := p.stop(t); err != nil {
 		t.Fatal(err)

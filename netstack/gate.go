@@ -20,8 +20,8 @@ package netstack
 //  4. ESTABLISHED and RELATED packets go on into gVisor, but for datagrams
 //     of UDP flows whose handler registered a bypass (bypass.go); a TCP
 //     segment of a flow whose SYN-ACK is being written waits for that write
-//     first (synack.go), and the link's gate notes the client's data for
-//     the held ACK (ackhold.go).
+//     first (synack.go), and the link's gate notes the client's lone
+//     segments for the held ACK (ackhold.go).
 //  5. Packets gVisor writes to the link, and the UDP replies the gate builds
 //     (udpreply.go), are classified in the Reply direction; INVALID ones are
 //     dropped and counted, the rest are written, but for a pure ACK that
@@ -193,7 +193,7 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 			g.synAcks.wait(res.Tuple) // synack.go
 		}
 		if res.Tuple.Proto() == conntrack.TCP && g.acks != nil {
-			g.acks.in(res.Tuple, b) // ackhold.go
+			g.acks.in(res.Tuple, b, res.LoneSegment()) // ackhold.go
 		}
 	}
 	g.Endpoint.DeliverNetworkPacket(proto, pkt)

@@ -262,9 +262,20 @@ func (h *ackHolder) putLocked(t conntrack.Tuple, f ackFlow, queued bool) {
 	}
 }
 
+// deleteLocked ends t's entry; the last one empties the queue and stops
+// the timer, so that a flow whose ACKs are superseded one exchange after
+// another (a request/response client) never has it fire.
 func (h *ackHolder) deleteLocked(t conntrack.Tuple) {
 	delete(h.flows, t)
 	h.n.Store(int32(len(h.flows)))
+	if len(h.flows) == 0 && h.due != nil {
+		clear(h.due[h.head:])
+		h.due, h.head = h.due[:0], 0
+		if h.armed {
+			h.armed = false
+			h.timer.Stop()
+		}
+	}
 }
 
 // expire ends the entries whose time is up, writing their held ACKs (step
@@ -275,14 +286,19 @@ func (h *ackHolder) expire() {
 	now := h.now()
 	for h.head < len(h.due) {
 		d := h.due[h.head]
-		if left := h.limit - now.Sub(d.at); left > 0 {
-			h.timer.Reset(left)
-			h.compactLocked()
-			return
+		f, ok := h.flows[d.flow]
+		if ok && f.at.Equal(d.at) {
+			if left := h.limit - now.Sub(d.at); left > 0 {
+				// The first live entry sets the next firing; a stale
+				// record before it must not, or the timer fires once
+				// per record instead of once per limit.
+				h.timer.Reset(left)
+				h.compactLocked()
+				return
+			}
 		}
 		h.due[h.head] = ackDue{}
 		h.head++
-		f, ok := h.flows[d.flow]
 		if !ok || !f.at.Equal(d.at) {
 			continue // stale
 		}

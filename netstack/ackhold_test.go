@@ -252,6 +252,64 @@ func TestHeldAckExpires(t *testing.T) {
 	}
 }
 
+// armedFor is whether the holder's timer is set, and how many expiry
+// records it keeps.
+func armedFor(h *ackHolder) (bool, int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.armed, len(h.due) - h.head
+}
+
+// TestAckTimerIdleBetweenExchanges: once an exchange's response has
+// superseded its held ACK and no flow has state, the timer is stopped and
+// the queue empty: a request/response client never has it fire (it fired
+// for every stale record before, about once per exchange; BENCHMARKS.md).
+func TestAckTimerIdleBetweenExchanges(t *testing.T) {
+	h, rec := newTestAckHolder(time.Minute)
+	for i := range 3 {
+		if !exchange(h, client, testFlow, 1000+uint32(5*i), "hello") {
+			t.Fatalf("exchange %d: its ACK was not held", i)
+		}
+		if armed, queued := armedFor(h); armed || queued != 0 {
+			t.Fatalf("after exchange %d: timer armed %v with %d records, want stopped and none", i, armed, queued)
+		}
+	}
+	noWrite(t, rec)
+}
+
+// TestStaleRecordsDoNotSetTheTimer: the expiry walk passes over the
+// records of entries that went (or were made again) without waiting for
+// their time; the first live entry sets the next firing. The clock is the
+// test's.
+func TestStaleRecordsDoNotSetTheTimer(t *testing.T) {
+	rec := &ackRecorder{acks: make(chan uint32, 16)}
+	base := time.Unix(1000, 0)
+	now := base
+	h := &ackHolder{}
+	h.init(rec.write, time.Millisecond, func() time.Time { return now })
+	defer h.close()
+	c1, gone := clientAt(41000)
+	c2, live := clientAt(41001)
+	now = base.Add(500 * time.Microsecond)
+	h.in(gone, fromClient(c1, 1000, "hello"), true) // noted, then acknowledged by the response
+	now = base.Add(900 * time.Microsecond)
+	h.in(live, fromClient(c2, 2000, "hello"), true) // noted, its ACK not yet written
+	toClient(h, gone, 1005, 0, "answer", true)
+	if armed, queued := armedFor(h); !armed || queued != 2 {
+		t.Fatalf("timer armed %v with %d records, want armed with 2", armed, queued)
+	}
+	now = base.Add(time.Millisecond)
+	h.expire()
+	if armed, queued := armedFor(h); !armed || queued != 1 {
+		t.Fatalf("after the walk: timer armed %v with %d records, want the live one's alone", armed, queued)
+	}
+	now = base.Add(1900 * time.Microsecond)
+	h.expire()
+	if armed, queued := armedFor(h); armed || queued != 0 || entries(h) != 0 {
+		t.Fatalf("after the live note's time: timer armed %v, %d records, %d entries; want none", armed, queued, entries(h))
+	}
+}
+
 // TestAckNotesBounded: past maxAckFlows flows with a note, a lone segment
 // is not noted and its ACK goes out.
 func TestAckNotesBounded(t *testing.T) {

@@ -262,19 +262,25 @@ func (h *ackHolder) putLocked(t conntrack.Tuple, f ackFlow, queued bool) {
 	}
 }
 
-// deleteLocked ends t's entry; the last one empties the queue and stops
-// the timer, so that a flow whose ACKs are superseded one exchange after
-// another (a request/response client) never has it fire.
+// deleteLocked ends t's entry; the last one leaves the holder idle, so that
+// a flow whose ACKs are superseded one exchange after another (a
+// request/response client) never has the timer fire.
 func (h *ackHolder) deleteLocked(t conntrack.Tuple) {
 	delete(h.flows, t)
 	h.n.Store(int32(len(h.flows)))
-	if len(h.flows) == 0 && h.due != nil {
-		clear(h.due[h.head:])
-		h.due, h.head = h.due[:0], 0
-		if h.armed {
-			h.armed = false
-			h.timer.Stop()
-		}
+	if len(h.flows) == 0 {
+		h.idleLocked()
+	}
+}
+
+// idleLocked empties the expiry queue, whose records are all stale, and
+// stops the timer.
+func (h *ackHolder) idleLocked() {
+	clear(h.due[h.head:])
+	h.due, h.head = h.due[:0], 0
+	if h.armed {
+		h.armed = false
+		h.timer.Stop()
 	}
 }
 
@@ -308,8 +314,7 @@ func (h *ackHolder) expire() {
 		}
 		h.deleteLocked(d.flow)
 	}
-	h.armed = false
-	h.due, h.head = h.due[:0], 0
+	h.idleLocked()
 }
 
 // compactLocked moves the queue to the front of its array once most of it

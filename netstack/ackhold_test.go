@@ -279,31 +279,32 @@ func TestAckTimerIdleBetweenExchanges(t *testing.T) {
 
 // TestStaleRecordsDoNotSetTheTimer: the expiry walk passes over the
 // records of entries that went (or were made again) without waiting for
-// their time; the first live entry sets the next firing. The clock is the
-// test's.
+// their time; the first live entry sets the next firing. The test drives
+// the walk with its own clock; the limit is an hour, so that the real timer
+// never fires while it runs.
 func TestStaleRecordsDoNotSetTheTimer(t *testing.T) {
 	rec := &ackRecorder{acks: make(chan uint32, 16)}
 	base := time.Unix(1000, 0)
 	now := base
 	h := &ackHolder{}
-	h.init(rec.write, time.Millisecond, func() time.Time { return now })
+	h.init(rec.write, time.Hour, func() time.Time { return now })
 	defer h.close()
 	c1, gone := clientAt(41000)
 	c2, live := clientAt(41001)
-	now = base.Add(500 * time.Microsecond)
+	now = base.Add(30 * time.Minute)
 	h.in(gone, fromClient(c1, 1000, "hello"), true) // noted, then acknowledged by the response
-	now = base.Add(900 * time.Microsecond)
+	now = base.Add(54 * time.Minute)
 	h.in(live, fromClient(c2, 2000, "hello"), true) // noted, its ACK not yet written
 	toClient(h, gone, 1005, 0, "answer", true)
 	if armed, queued := armedFor(h); !armed || queued != 2 {
 		t.Fatalf("timer armed %v with %d records, want armed with 2", armed, queued)
 	}
-	now = base.Add(time.Millisecond)
+	now = base.Add(time.Hour)
 	h.expire()
 	if armed, queued := armedFor(h); !armed || queued != 1 {
 		t.Fatalf("after the walk: timer armed %v with %d records, want the live one's alone", armed, queued)
 	}
-	now = base.Add(1900 * time.Microsecond)
+	now = base.Add(114 * time.Minute)
 	h.expire()
 	if armed, queued := armedFor(h); armed || queued != 0 || entries(h) != 0 {
 		t.Fatalf("after the live note's time: timer armed %v, %d records, %d entries; want none", armed, queued, entries(h))

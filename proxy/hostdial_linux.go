@@ -11,12 +11,16 @@ package proxy
 //  2. poll(2) with a zero timeout says whether it is: then SO_ERROR, and no
 //     trip through the runtime's poller. Otherwise the dial waits for the
 //     socket to become writable in the poller, bounded by ctx.
-//  3. The descriptor goes to the runtime's poller as an os.File (net's own
-//     dial would add getpeername and a parked wake-up, and net.FileConn a
-//     dup and three more calls); getsockname then refuses a socket the
-//     kernel connected to itself, as net does.
-//  4. Keep-alive (endpointKeepAlive, as net.Dialer does it) is set by the flow after
-//     the client's handshake, off the connect path (keepAlive).
+//  3. getsockname refuses a socket the kernel connected to itself, as net
+//     does.
+//  4. The descriptor goes to the runtime's poller as an os.File at the
+//     connection's first use that needs it (file), not in the dial: a
+//     flow's first use comes after the client's handshake, so the
+//     registration (epoll_ctl, the File and its finalizer) is off the
+//     connect path. (net's own dial would add getpeername and a parked
+//     wake-up, and net.FileConn a dup and three more calls.)
+//  5. Keep-alive (endpointKeepAlive, as net.Dialer does it) is set by the flow after
+//     the client's handshake, off the connect path too (keepAlive).
 //
 // BENCHMARKS.md (the connect cell's breakdown) has the figures.
 
@@ -26,6 +30,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -33,11 +38,32 @@ import (
 )
 
 // hostConn is a TCP connection dialled by dialHost. Besides net.Conn it
-// has CloseWrite and SetLinger, as *net.TCPConn does.
+// has CloseWrite and SetLinger, as *net.TCPConn does. Its descriptor joins
+// the runtime's poller on the first call that needs it (step 4); every
+// method but selfConnected goes through file.
 type hostConn struct {
-	f      *os.File
-	rc     syscall.RawConn
+	fd     int // the socket; f owns it once registered
 	remote netip.AddrPort
+
+	once sync.Once
+	f    *os.File
+	rc   syscall.RawConn // of f
+}
+
+// file returns the connection's os.File, putting the descriptor into the
+// runtime's poller on the first call.
+func (c *hostConn) file() *os.File {
+	c.once.Do(func() {
+		c.f = os.NewFile(uintptr(c.fd), "endpoint") // non-blocking, so in the poller
+		c.rc, _ = c.f.SyscallConn()                 // fails only for a nil File
+	})
+	return c.f
+}
+
+// rawConn returns the syscall.RawConn of file.
+func (c *hostConn) rawConn() syscall.RawConn {
+	c.file()
+	return c.rc
 }
 
 var _ net.Conn = (*hostConn)(nil)
@@ -87,34 +113,30 @@ func dialHost(ctx context.Context, ep netip.AddrPort) (net.Conn, error) {
 		_ = unix.Close(fd)
 		return nil, dialError(ep, "connect", err)
 	}
-	f := os.NewFile(uintptr(fd), "endpoint") // 3: non-blocking, so in the poller
-	rc, err := f.SyscallConn()
-	if err != nil {
-		_ = f.Close()
-		return nil, dialError(ep, "dial", err)
-	}
-	c := &hostConn{f: f, rc: rc, remote: ep}
+	c := &hostConn{fd: fd, remote: ep}
 	if pending {
+		// The wait needs the poller: the descriptor joins it now (step 4).
 		if err := c.awaitConnect(ctx); err != nil {
-			_ = f.Close()
+			_ = c.Close()
 			return nil, dialError(ep, "connect", err)
 		}
 	}
-	if c.selfConnected() {
+	if c.selfConnected() { // 3
 		// A local endpoint nothing listens on, and the kernel picked its
 		// port as ours: TCP's simultaneous open connected the socket to
 		// itself. net's dial refuses it the same way.
-		_ = f.Close()
+		_ = c.Close()
 		return nil, dialError(ep, "connect", unix.ECONNREFUSED)
 	}
 	return c, nil
 }
 
 // selfConnected reports whether the connection's local address is its
-// remote one.
+// remote one. It reads the descriptor directly: call it only while the
+// dial still owns the connection.
 func (c *hostConn) selfConnected() bool {
-	var sa unix.Sockaddr
-	if err := c.rc.Control(func(fd uintptr) { sa, _ = unix.Getsockname(int(fd)) }); err != nil {
+	sa, err := unix.Getsockname(c.fd)
+	if err != nil {
 		return false
 	}
 	ip, port := c.remote.Addr(), int(c.remote.Port())
@@ -140,6 +162,11 @@ func connected(fd int) (bool, error) {
 		return false, err
 	case n == 0:
 		return false, nil
+	case fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) == 0:
+		// Writable and no error: established (tcp_poll in
+		// net/ipv4/tcp.c reports neither POLLIN nor POLLOUT in
+		// SYN_SENT), so SO_ERROR has nothing to say.
+		return true, nil
 	}
 	v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
 	if err != nil {
@@ -156,9 +183,10 @@ func connected(fd int) (bool, error) {
 // in the past, the one timer of the wait, so an ended wait always returns
 // ctx's error, and a wait that stopped the AfterFunc leaves no deadline.
 func (c *hostConn) awaitConnect(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { _ = c.f.SetWriteDeadline(time.Unix(1, 0)) })
+	f, rc := c.file(), c.rc
+	stop := context.AfterFunc(ctx, func() { _ = f.SetWriteDeadline(time.Unix(1, 0)) })
 	var cerr error
-	werr := c.rc.Write(func(fd uintptr) bool {
+	werr := rc.Write(func(fd uintptr) bool {
 		ok, err := connected(int(fd))
 		cerr = err
 		return ok || err != nil
@@ -188,7 +216,7 @@ func dialError(ep netip.AddrPort, call string, err error) error {
 // the connection (step 4).
 func (c *hostConn) keepAlive() error {
 	var serr error
-	err := c.rc.Control(func(fd uintptr) {
+	err := c.rawConn().Control(func(fd uintptr) {
 		for _, o := range [...]struct{ level, opt, v int }{
 			{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
 			{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(endpointKeepAlive / time.Second)},
@@ -208,18 +236,19 @@ func (c *hostConn) keepAlive() error {
 }
 
 // Read reads from the endpoint.
-func (c *hostConn) Read(b []byte) (int, error) { return c.f.Read(b) }
+func (c *hostConn) Read(b []byte) (int, error) { return c.file().Read(b) }
 
 // Write writes to the endpoint.
-func (c *hostConn) Write(b []byte) (int, error) { return c.f.Write(b) }
+func (c *hostConn) Write(b []byte) (int, error) { return c.file().Write(b) }
 
-// Close closes the connection.
-func (c *hostConn) Close() error { return c.f.Close() }
+// Close closes the connection (through file, so that a second Close
+// fails as os.File's does instead of closing a reused descriptor).
+func (c *hostConn) Close() error { return c.file().Close() }
 
 // CloseWrite shuts down the sending side (a FIN to the endpoint).
 func (c *hostConn) CloseWrite() error {
 	var serr error
-	if err := c.rc.Control(func(fd uintptr) { serr = unix.Shutdown(int(fd), unix.SHUT_WR) }); err != nil {
+	if err := c.rawConn().Control(func(fd uintptr) { serr = unix.Shutdown(int(fd), unix.SHUT_WR) }); err != nil {
 		return err
 	}
 	if serr != nil {
@@ -236,7 +265,7 @@ func (c *hostConn) SetLinger(sec int) error {
 		l.Onoff, l.Linger = 1, int32(sec)
 	}
 	var serr error
-	if err := c.rc.Control(func(fd uintptr) { serr = unix.SetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER, &l) }); err != nil {
+	if err := c.rawConn().Control(func(fd uintptr) { serr = unix.SetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER, &l) }); err != nil {
 		return err
 	}
 	if serr != nil {
@@ -248,7 +277,7 @@ func (c *hostConn) SetLinger(sec int) error {
 // LocalAddr returns the local address (getsockname), or nil.
 func (c *hostConn) LocalAddr() net.Addr {
 	var sa unix.Sockaddr
-	if err := c.rc.Control(func(fd uintptr) { sa, _ = unix.Getsockname(int(fd)) }); err != nil {
+	if err := c.rawConn().Control(func(fd uintptr) { sa, _ = unix.Getsockname(int(fd)) }); err != nil {
 		return nil
 	}
 	switch a := sa.(type) {
@@ -264,10 +293,10 @@ func (c *hostConn) LocalAddr() net.Addr {
 func (c *hostConn) RemoteAddr() net.Addr { return net.TCPAddrFromAddrPort(c.remote) }
 
 // SetDeadline implements net.Conn.
-func (c *hostConn) SetDeadline(t time.Time) error { return c.f.SetDeadline(t) }
+func (c *hostConn) SetDeadline(t time.Time) error { return c.file().SetDeadline(t) }
 
 // SetReadDeadline implements net.Conn.
-func (c *hostConn) SetReadDeadline(t time.Time) error { return c.f.SetReadDeadline(t) }
+func (c *hostConn) SetReadDeadline(t time.Time) error { return c.file().SetReadDeadline(t) }
 
 // SetWriteDeadline implements net.Conn.
-func (c *hostConn) SetWriteDeadline(t time.Time) error { return c.f.SetWriteDeadline(t) }
+func (c *hostConn) SetWriteDeadline(t time.Time) error { return c.file().SetWriteDeadline(t) }

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -55,6 +54,9 @@ func TestDialHost(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
+			if c.(*hostConn).f != nil {
+				t.Error("the dial put the descriptor into the poller; that waits for the connection's first use, after the client's handshake")
+			}
 			srv, err := ln.Accept()
 			if err != nil {
 				t.Fatal(err)
@@ -68,7 +70,7 @@ func TestDialHost(t *testing.T) {
 			}
 			hc := c.(*hostConn)
 			var nodelay, keep, idle, intvl, cnt int
-			_ = hc.rc.Control(func(fd uintptr) {
+			_ = hc.rawConn().Control(func(fd uintptr) {
 				nodelay, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY)
 				keep, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
 			})
@@ -78,7 +80,7 @@ func TestDialHost(t *testing.T) {
 			if err := hc.keepAlive(); err != nil {
 				t.Fatal(err)
 			}
-			_ = hc.rc.Control(func(fd uintptr) {
+			_ = hc.rawConn().Control(func(fd uintptr) {
 				keep, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
 				idle, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
 				intvl, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
@@ -230,13 +232,8 @@ func TestSelfConnected(t *testing.T) {
 	if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: lo.Addr, Port: port}); err != nil && !errors.Is(err, unix.EINPROGRESS) {
 		t.Fatal(err)
 	}
-	f := os.NewFile(uintptr(fd), "self")
-	defer f.Close()
-	rc, err := f.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	self := &hostConn{f: f, rc: rc, remote: netip.AddrPortFrom(netip.AddrFrom4(lo.Addr), uint16(port))}
+	self := &hostConn{fd: fd, remote: netip.AddrPortFrom(netip.AddrFrom4(lo.Addr), uint16(port))}
+	defer self.Close()
 	if err := self.awaitConnect(context.Background()); err != nil {
 		t.Fatalf("simultaneous open: %v", err)
 	}

@@ -354,6 +354,7 @@ func (st *Stack) abortHandshake(id stack.TransportEndpointID) {
 // handleTCP runs on the goroutine gVisor's forwarder starts (step 2).
 func (st *Stack) handleTCP(fr *tcp.ForwarderRequest) {
 	defer st.handlers.Done()
+	growStack(0)
 	id := fr.ID()
 	client, svc := endpoints(id)
 	r := &TCPRequest{st: st, fr: fr, id: id, client: client, svc: svc}
@@ -410,4 +411,23 @@ func (st *Stack) runUDP(h FlowHandler, r *UDPRequest) { // UDP flow handler
 		}
 	}()
 	h.HandleUDP(r)
+}
+
+// handlerStack is the stack a TCP flow's handler goroutine grows to: the
+// endpoint dial, then gVisor's half of the handshake with the gate and the
+// TUN write below it, then the flow's endpoint -> client copier.
+const handlerStack = 16 << 10
+
+// growStack grows the calling goroutine's stack to handlerStack in one
+// step while it holds few frames. A goroutine starts small; grown where it
+// first runs deep (inside gVisor's handshake, before the SYN-ACK is
+// written), the runtime copies the stack two or three times, each copy
+// walking every frame on it (runtime.copystack: 4% of the connect cell's
+// CPU, BENCHMARKS.md). The frame holds a little less than handlerStack, so
+// that the runtime's doubling stops at it; the index keeps the array.
+//
+//go:noinline
+func growStack(i int) byte {
+	var pad [handlerStack - 4<<10]byte
+	return pad[i%len(pad)]
 }

@@ -2,8 +2,11 @@ package netstack
 
 // The gate: every packet between the link and gVisor passes here.
 //
-//  1. A packet from the link (client -> service) is read in place when it is
-//     one view (as the TUN delivers it), else copied into a pooled buffer; a
+//  1. A packet from the link (client -> service) is read in place: the
+//     Linux TUN hands over the bytes it read (DeliverBytes), and gVisor's
+//     PacketBuffer is made of them only for a packet that goes on into
+//     gVisor; a PacketBuffer of one view is read in place too, one of more
+//     views copied into a pooled buffer first. A
 //     fragment goes to the reassembler first, and a completed datagram goes
 //     on in its place (defrag.go). The packet is classified by conntrack in
 //     the Original direction, without verifying its checksums when the link
@@ -34,6 +37,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
@@ -114,6 +118,7 @@ type gate struct {
 
 var _ stack.LinkEndpoint = (*gate)(nil)
 var _ stack.NetworkDispatcher = (*gate)(nil)
+var _ bytesDispatcher = (*gate)(nil)
 
 func newGate(child stack.LinkEndpoint, ct *conntrack.Table, admit func() AdmitFunc, rej *rejecter, c *gateCounters, bp *udpBypass, rs *resetting) *gate {
 	g := &gate{child: child, ct: ct, admit: admit, rejecter: rej, counters: c, bypass: bp, resets: rs}
@@ -140,10 +145,30 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 	// The link marks the packets whose checksums the kernel vouched for
 	// (tunlink_linux.go); the NIC marks every packet again for gVisor after
 	// the gate, so the mark means nothing else here.
-	trusted := pkt.RXChecksumValidated
+	g.deliver(proto, pkt, b, pkt.RXChecksumValidated)
+}
+
+// DeliverBytes implements bytesDispatcher: a packet the link read into b,
+// before any PacketBuffer was made for it. One is made only if the packet
+// goes on into gVisor: a datagram the UDP bypass takes, or a packet the
+// gate drops or answers itself, costs no PacketBuffer and no copy.
+// trusted says the kernel vouched for the packet's checksums.
+func (g *gate) DeliverBytes(proto tcpip.NetworkProtocolNumber, b []byte, trusted bool) {
+	g.counters.inbound.Add(1)
+	if len(b) > maxPacket {
+		g.counters.oversized.Add(1)
+		return
+	}
+	g.deliver(proto, nil, b, trusted)
+}
+
+// deliver classifies the packet b and passes it on, dropping or answering
+// it instead where conntrack and admission say so. pkt holds b, or is nil
+// until gVisor is to get the packet (toStack).
+func (g *gate) deliver(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer, b []byte, trusted bool) {
 	if conntrack.IsFragment(b) {
 		var release func()
-		if pkt, b, release = g.reassemble(proto, pkt, b); pkt == nil {
+		if pkt, b, release = g.reassemble(proto, pkt, b); b == nil {
 			return // held or dropped
 		}
 		defer release()
@@ -151,7 +176,7 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 	}
 	if g.resets.passIn(b) {
 		g.counters.resetsIn.Add(1)
-		g.Endpoint.DeliverNetworkPacket(proto, pkt)
+		g.toStack(proto, pkt, b, trusted)
 		return
 	}
 	var res conntrack.Result
@@ -195,6 +220,17 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 		if res.Tuple.Proto() == conntrack.TCP && g.acks != nil {
 			g.acks.in(res.Tuple, b, res.LoneSegment()) // ackhold.go
 		}
+	}
+	g.toStack(proto, pkt, b, trusted)
+}
+
+// toStack hands the packet to gVisor, making its PacketBuffer from b first
+// if it has none yet (DeliverBytes).
+func (g *gate) toStack(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer, b []byte, trusted bool) {
+	if pkt == nil {
+		pkt = stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(b)})
+		pkt.RXChecksumValidated = trusted
+		defer pkt.DecRef()
 	}
 	g.Endpoint.DeliverNetworkPacket(proto, pkt)
 }

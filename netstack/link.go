@@ -180,3 +180,12 @@ func appendPacket(b []byte, pkt *stack.PacketBuffer) []byte {
 	}
 	return b
 }
+
+// bytesDispatcher is a stack.NetworkDispatcher that also takes a packet as
+// the bytes a link read, before any PacketBuffer is made of them (the
+// gate). b is valid only during the call: the dispatcher copies what it
+// keeps. trusted says the kernel vouched for the packet's checksums, what
+// PacketBuffer.RXChecksumValidated says on the other path.
+type bytesDispatcher interface {
+	DeliverBytes(proto tcpip.NetworkProtocolNumber, b []byte, trusted bool)
+}

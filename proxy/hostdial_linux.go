@@ -8,9 +8,10 @@ package proxy
 //     inside connect(2) (the SYN and the SYN-ACK are both handled in the
 //     softirq that runs as the call returns), so it returns EINPROGRESS
 //     with the connection already established.
-//  2. poll(2) with a zero timeout says whether it is: then SO_ERROR, and no
-//     trip through the runtime's poller. Otherwise the dial waits for the
-//     socket to become writable in the poller, bounded by ctx.
+//  2. poll(2) with a zero timeout says whether it is (SO_ERROR is read only
+//     when poll reports an error), and then no trip through the runtime's
+//     poller. Otherwise the dial waits for the socket to become writable in
+//     the poller, bounded by ctx.
 //  3. getsockname refuses a socket the kernel connected to itself, as net
 //     does.
 //  4. The descriptor goes to the runtime's poller as an os.File at the
@@ -213,7 +214,7 @@ func dialError(ep netip.AddrPort, call string, err error) error {
 
 // keepAlive turns on keep-alive probes as net.Dialer's default does for
 // endpointKeepAlive: after that long idle, every that long, 9 unanswered end
-// the connection (step 4).
+// the connection (step 5).
 func (c *hostConn) keepAlive() error {
 	var serr error
 	err := c.rawConn().Control(func(fd uintptr) {

@@ -184,7 +184,8 @@ func connected(fd int) (bool, error) {
 // in the past, the one timer of the wait, so an ended wait always returns
 // ctx's error, and a wait that stopped the AfterFunc leaves no deadline.
 func (c *hostConn) awaitConnect(ctx context.Context) error {
-	f, rc := c.file(), c.rc
+	f := c.file()
+	rc := c.rc // set by file
 	stop := context.AfterFunc(ctx, func() { _ = f.SetWriteDeadline(time.Unix(1, 0)) })
 	var cerr error
 	werr := rc.Write(func(fd uintptr) bool {

@@ -37,7 +37,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
@@ -128,9 +127,7 @@ func newGate(child stack.LinkEndpoint, ct *conntrack.Table, admit func() AdmitFu
 
 // DeliverNetworkPacket receives a packet from the link (steps 1-4).
 func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
-	g.counters.inbound.Add(1)
-	if pkt.Size() > maxPacket {
-		g.counters.oversized.Add(1)
+	if !g.fromLink(pkt.Size()) {
 		return
 	}
 	// A packet just read from a TUN is one view: classify it in place.
@@ -154,12 +151,20 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 // gate drops or answers itself, costs no PacketBuffer and no copy.
 // trusted says the kernel vouched for the packet's checksums.
 func (g *gate) DeliverBytes(proto tcpip.NetworkProtocolNumber, b []byte, trusted bool) {
-	g.counters.inbound.Add(1)
-	if len(b) > maxPacket {
-		g.counters.oversized.Add(1)
-		return
+	if g.fromLink(len(b)) {
+		g.deliver(proto, nil, b, trusted)
 	}
-	g.deliver(proto, nil, b, trusted)
+}
+
+// fromLink counts a packet of size bytes from the link, and reports
+// whether it may go on: one over maxPacket is dropped and counted.
+func (g *gate) fromLink(size int) bool {
+	g.counters.inbound.Add(1)
+	if size > maxPacket {
+		g.counters.oversized.Add(1)
+		return false
+	}
+	return true
 }
 
 // deliver classifies the packet b and passes it on, dropping or answering
@@ -228,7 +233,7 @@ func (g *gate) deliver(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffe
 // if it has none yet (DeliverBytes).
 func (g *gate) toStack(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer, b []byte, trusted bool) {
 	if pkt == nil {
-		pkt = stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(b)})
+		pkt = newPacket(b, proto)
 		pkt.RXChecksumValidated = trusted
 		defer pkt.DecRef()
 	}

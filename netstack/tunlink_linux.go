@@ -87,8 +87,13 @@ type tunEndpoint struct {
 	closed   atomic.Bool // the descriptors are closed (or closing): no more writes
 }
 
-// dispatcherBox holds the dispatcher, for one atomic load per packet.
-type dispatcherBox struct{ d stack.NetworkDispatcher }
+// dispatcherBox holds the dispatcher, for one atomic load per packet, and
+// the same dispatcher as a bytesDispatcher if it is one (the gate), found
+// once at Attach rather than per packet.
+type dispatcherBox struct {
+	d     stack.NetworkDispatcher
+	bytes bytesDispatcher
+}
 
 var _ stack.LinkEndpoint = (*tunEndpoint)(nil)
 var _ stack.GSOEndpoint = (*tunEndpoint)(nil)
@@ -150,7 +155,8 @@ func (e *tunEndpoint) Attach(d stack.NetworkDispatcher) {
 	if d == nil {
 		e.dispatcher.Store(nil)
 	} else {
-		e.dispatcher.Store(&dispatcherBox{d})
+		bd, _ := d.(bytesDispatcher)
+		e.dispatcher.Store(&dispatcherBox{d: d, bytes: bd})
 	}
 	e.mu.Unlock()
 	if d == nil {
@@ -264,8 +270,8 @@ func (e *tunEndpoint) read(q tunQueue) {
 		if d == nil {
 			continue
 		}
-		if bd, ok := d.d.(bytesDispatcher); ok {
-			bd.DeliverBytes(proto, p, trusted) // the gate: a PacketBuffer only for gVisor
+		if d.bytes != nil {
+			d.bytes.DeliverBytes(proto, p, trusted) // the gate: a PacketBuffer only for gVisor
 			continue
 		}
 		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(p)})

@@ -28,7 +28,7 @@ func TestConcurrentClassify(t *testing.T) {
 		c.Shards = 4
 		c.OnRemove = func(i EntryInfo, why RemoveReason) {
 			removed.Add(1)
-			if i.ID == 0 || why > RemoveKilled {
+			if i.ID == 0 || why > RemoveReopened {
 				t.Errorf("bad OnRemove(%v, %v)", i, why)
 			}
 		}

@@ -226,8 +226,11 @@ func (t *Table) classify(pkt []byte, missing int, dir Direction, verify bool) (r
 		return t.noEntry(r)
 	}
 	o, reason := t.process(sh, e, dir, &r.seg, now)
-	if o == outKill || o == outRepeat {
+	switch o {
+	case outKill:
 		t.removeLocked(sh, e, RemoveKilled, now, &pend)
+	case outRepeat:
+		t.removeLocked(sh, e, RemoveReopened, now, &pend)
 	}
 	sh.mu.Unlock()
 	t.fire(&pend)
@@ -325,7 +328,7 @@ func (t *Table) Confirm(r *Result) error {
 				if out == outRepeat {
 					// A SYN reopening a closed connection: the old entry
 					// goes, and a new one is inserted below.
-					t.removeLocked(sh, e, RemoveKilled, now, &pend)
+					t.removeLocked(sh, e, RemoveReopened, now, &pend)
 				} else {
 					sh.joined++
 					if out == outKill {
@@ -423,7 +426,7 @@ func (t *Table) removeLocked(sh *shard, e *entry, why RemoveReason, now int64, p
 		sh.evicted++
 	case RemoveDeleted:
 		sh.deleted++
-	case RemoveKilled:
+	case RemoveKilled, RemoveReopened: // both are the kernel's nf_ct_kill
 		sh.killed++
 	}
 	t.count.Add(-1)
@@ -517,7 +520,8 @@ type Stats struct {
 	Joined   uint64
 	// TableFull counts flows refused with ErrTableFull.
 	TableFull uint64
-	// Removals by reason: Evicted (early drop), Expired, Deleted, Killed.
+	// Removals by reason: Evicted (early drop), Expired, Deleted, Killed
+	// (RemoveKilled and RemoveReopened, as the kernel kills both).
 	Evicted uint64
 	Expired uint64
 	Deleted uint64

@@ -654,12 +654,12 @@ func TestStrings(t *testing.T) {
 		New.String(), Established.String(), Related.String(), Invalid.String(),
 		Original.String(), Reply.String(), TCP.String(), UDP.String(), ICMP.String(), ICMPv6.String(), Protocol(47).String(),
 		TCPSynSent2.String(), TCPState(42).String(), (StatusSeenReply | StatusAssured).String(),
-		RemoveExpired.String(), RemoveEvicted.String(), RemoveDeleted.String(), RemoveKilled.String(),
+		RemoveExpired.String(), RemoveEvicted.String(), RemoveDeleted.String(), RemoveKilled.String(), RemoveReopened.String(),
 		Tuple{}.String(), MakeTuple(UDP, client4, service4).String(), MakeTuple(TCP, client4, service6).String(),
 	}
 	want := []string{
 		"new", "established", "related", "invalid", "original", "reply", "tcp", "udp", "icmp", "icmpv6", "47",
-		"SYN_SENT2", "STATE_42", "SEEN_REPLY|ASSURED", "expired", "evicted", "deleted", "killed",
+		"SYN_SENT2", "STATE_42", "SEEN_REPLY|ASSURED", "expired", "evicted", "deleted", "killed", "reopened",
 		"invalid", "udp 10.0.0.1:5555->10.96.0.10:80", "invalid",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

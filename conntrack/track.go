@@ -21,6 +21,13 @@ import "errors"
 //     OnRemove as usual, and its owner ends the flow.
 //  3. When the flow ends on its own, the owner deletes the entry
 //     (DeleteFlow): no FIN passes the table to move it to TIME_WAIT.
+//  4. So a closed connection's entry can outlive it briefly, until its
+//     owner reaches DeleteFlow, and the kernel may meanwhile accept a new
+//     connection on the same 4-tuple: once both FINs have passed, the old
+//     socket is in TIME_WAIT, which a new SYN may reopen
+//     (tcp_timewait_state_process, TCP_TW_SYN). A front end therefore
+//     tracks a TCP flow with Reopen, which ends the old entry as the
+//     kernel's conntrack ends a TIME_WAIT entry that a SYN reopens.
 
 // ErrTracked is returned by Track for a tuple the table holds already.
 var ErrTracked = errors.New("conntrack: the flow is tracked already")
@@ -30,7 +37,17 @@ var ErrTracked = errors.New("conntrack: the flow is tracked already")
 // ErrTableFull when the table is full and its shard holds nothing expired or
 // unassured to drop (Confirm looks in the other shards too; a host-socket
 // front end has the kernel's own backlog in front of it).
-func (t *Table) Track(orig Tuple) error {
+func (t *Table) Track(orig Tuple) error { return t.track(orig, false) }
+
+// Reopen is Track for a TCP connection the host's kernel has just accepted
+// (step 4): a live entry of the same tuple belongs to a connection the
+// kernel has closed, since it accepts a SYN on a 4-tuple only once the old
+// socket is in TIME_WAIT or gone. That entry is removed with RemoveReopened,
+// whose owner finishes the old flow's last copies on its own (nothing is
+// reset), and the new one is inserted. For other protocols it is Track.
+func (t *Table) Reopen(orig Tuple) error { return t.track(orig, orig.proto == TCP) }
+
+func (t *Table) track(orig Tuple, reopen bool) error {
 	if !orig.IsValid() {
 		return ErrNotNew
 	}
@@ -41,10 +58,14 @@ func (t *Table) Track(orig Tuple) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e := sh.idx.get(&orig, h); e != nil {
-		if now < e.expires {
+		switch {
+		case now >= e.expires:
+			t.removeLocked(sh, e, RemoveExpired, now, &pend)
+		case reopen:
+			t.removeLocked(sh, e, RemoveReopened, now, &pend)
+		default:
 			return ErrTracked
 		}
-		t.removeLocked(sh, e, RemoveExpired, now, &pend)
 	}
 	if !t.reserve() {
 		t.expireLocked(sh, now, &pend)

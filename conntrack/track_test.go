@@ -63,3 +63,57 @@ func TestTrackedFlows(t *testing.T) {
 	}
 	mustCheck(t, tab)
 }
+
+// TestReopenTrackedFlow: the host's kernel accepted a new connection on a
+// 4-tuple whose old flow has not yet deleted its entry (its socket in
+// TIME_WAIT, tcp_timewait_state_process's TCP_TW_SYN). Reopen replaces the
+// old entry as the kernel's conntrack replaces a reopened TIME_WAIT entry:
+// OnRemove says reopened and names the old owner, the old Counter is told
+// Removed, the old owner's DeleteFlow leaves the new entry alone, and a UDP
+// tuple is still refused while live.
+func TestReopenTrackedFlow(t *testing.T) {
+	type removal struct {
+		why   RemoveReason
+		owner any
+	}
+	var removed []removal
+	tab, _ := newTestTable(t, func(c *Config) {
+		c.OnRemove = func(i EntryInfo, why RemoveReason) { removed = append(removed, removal{why, i.Owner}) }
+	})
+	nodePort := netip.MustParseAddrPort("127.0.0.1:30080")
+	client := netip.MustParseAddrPort("127.0.0.1:50000")
+	tcp := MakeTuple(TCP, client, nodePort)
+	if err := tab.Reopen(tcp); err != nil { // nothing to reopen: Track
+		t.Fatal(err)
+	}
+	oldOwner := new(int)
+	rec := &recorder{t: t, inactive: 1}
+	if !tab.Bind(tcp, &Binding{Endpoint: pod4, ServicePort: "ns/np:http", Counter: rec, Owner: oldOwner}) {
+		t.Fatal("Bind")
+	}
+	old, _ := tab.Get(tcp)
+	if err := tab.Reopen(tcp); err != nil {
+		t.Fatalf("Reopen over a live entry: %v", err)
+	}
+	if len(removed) != 1 || removed[0].why != RemoveReopened || removed[0].owner != oldOwner || rec.removed != 1 {
+		t.Fatalf("OnRemove %v, Counter removed %d; want one reopened removal of the old owner", removed, rec.removed)
+	}
+	i, ok := tab.Get(tcp)
+	if !ok || i.ID == old.ID || i.Owner != nil || i.State != TCPEstablished || i.Status&StatusAssured == 0 {
+		t.Fatalf("after Reopen: %+v present %v, want a fresh unbound ESTABLISHED entry", i, ok)
+	}
+	if tab.DeleteFlow(tcp, oldOwner) {
+		t.Fatal("the old owner's DeleteFlow removed the new entry")
+	}
+	if s := tab.Stats(); s.Killed != 1 || s.Entries != 1 {
+		t.Fatalf("stats %+v, want one killed and one entry", s)
+	}
+	udp := MakeTuple(UDP, client, nodePort)
+	if err := tab.Reopen(udp); err != nil {
+		t.Fatal(err)
+	}
+	if err := tab.Reopen(udp); !errors.Is(err, ErrTracked) {
+		t.Fatalf("Reopen of a live UDP flow: %v, want ErrTracked", err)
+	}
+	mustCheck(t, tab)
+}

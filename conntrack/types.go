@@ -240,12 +240,17 @@ const (
 	// RemoveDeleted: removed by Delete.
 	RemoveDeleted
 	// RemoveKilled: removed by the TCP state machine: a RST before any reply
-	// was seen, or a SYN reopening a closed connection (the new SYN then
-	// classifies as New).
+	// was seen.
 	RemoveKilled
+	// RemoveReopened: a SYN reopened the closed connection on the same tuple
+	// (the kernel's nf_ct_kill before NF_REPEAT in nf_conntrack_proto_tcp.c;
+	// Confirm, or Reopen for a host socket). The old connection was over in
+	// both directions, so its owner lets it finish its last copies rather
+	// than ending it: only the entry goes.
+	RemoveReopened
 )
 
-// String returns "expired", "evicted", "deleted" or "killed".
+// String returns "expired", "evicted", "deleted", "killed" or "reopened".
 func (r RemoveReason) String() string {
 	switch r {
 	case RemoveExpired:
@@ -256,6 +261,8 @@ func (r RemoveReason) String() string {
 		return "deleted"
 	case RemoveKilled:
 		return "killed"
+	case RemoveReopened:
+		return "reopened"
 	}
 	return "remove(" + strconv.Itoa(int(r)) + ")"
 }

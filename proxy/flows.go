@@ -10,7 +10,11 @@ package proxy
 //     (with the endpoint's lock held), the sweeper, a flush from the admin
 //     server, an endpoint leaving — only calls OnConntrackRemove, which
 //     queues the flow (once) and returns: nothing is torn down on the
-//     remover's goroutine.
+//     remover's goroutine. An entry that a SYN reopened (RemoveReopened)
+//     is queued only after the TIME_WAIT timeout: its connection was over
+//     in both directions, and its handler may still be copying the last
+//     bytes to the endpoint, so it gets the time its TIME_WAIT entry would
+//     have had to end on its own (the queued flow is then a no-op).
 //  3. The reaper (a goroutine of Run) drains the queue and ends each flow:
 //     a TCP flow with a RST to both peers, a UDP flow by closing its
 //     sockets.
@@ -146,7 +150,7 @@ func (p *Proxy) untrack(f *flow) {
 // OnConntrackRemove hands the flow whose conntrack entry left the table to
 // the reaper (step 2). The proxy wires it as its table's OnRemove; it never
 // blocks and never touches a connection.
-func (p *Proxy) OnConntrackRemove(info conntrack.EntryInfo, _ conntrack.RemoveReason) {
+func (p *Proxy) OnConntrackRemove(info conntrack.EntryInfo, why conntrack.RemoveReason) {
 	f, ok := info.Owner.(*flow)
 	if !ok {
 		return
@@ -157,6 +161,15 @@ func (p *Proxy) OnConntrackRemove(info conntrack.EntryInfo, _ conntrack.RemoveRe
 			d.bytes[dir].Add(info.Bytes[dir])
 		}
 	}
+	if why == conntrack.RemoveReopened {
+		p.after(p.reopenGrace, func() { p.queue(f) })
+		return
+	}
+	p.queue(f)
+}
+
+// queue hands f to the reaper, once.
+func (p *Proxy) queue(f *flow) {
 	if !f.queued.CompareAndSwap(false, true) {
 		return
 	}

@@ -281,10 +281,14 @@ func (p *Proxy) routeHost(proto service.Protocol, fam service.Family, port uint1
 		p.stats.count(cp, tg.refusal())
 		return pick{}, false
 	}
-	if err := p.ct.Track(tuple); err != nil {
+	// The kernel accepts a SYN on the 4-tuple of a connection that is over
+	// (its socket in TIME_WAIT) while that flow's handler may not yet have
+	// deleted its entry: Reopen ends that entry (for UDP it is Track, and a
+	// live entry refuses the datagram).
+	if err := p.ct.Reopen(tuple); err != nil {
 		if errors.Is(err, conntrack.ErrTableFull) {
 			p.stats.count(cp, ResultTableFull)
-		} else { // a tuple still tracked: the kernel reuses no live 4-tuple
+		} else {
 			p.logger.Debug("NodePort flow already tracked", zap.Stringer("flow", tuple), zap.Error(err))
 			p.stats.count(cp, ResultRejectedNoService)
 		}

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,6 +112,97 @@ func TestNodePortsOnLoopback(t *testing.T) {
 	np.Sync(p.Table())
 	if _, err := net.DialTimeout("tcp", "127.0.0.1:"+itoa(tcpNP), time.Second); err == nil {
 		t.Fatal("the NodePort of a deleted Service still accepts")
+	}
+}
+
+// TestNodePortReopensAClosedFlowsTuple: the kernel accepts a connection on
+// the 4-tuple of one whose socket is in TIME_WAIT (tcp_timewait_state_process,
+// TCP_TW_SYN) while that old flow's handler has not yet deleted its entry.
+// The test holds such an entry, bound to an old flow, and connects from the
+// same client port: the new connection is proxied, not reset, as the
+// kernel's conntrack reopens a TIME_WAIT entry on a SYN. The old flow is
+// handed to the reaper only after the TIME_WAIT timeout (its last copies
+// are its own until then), and is then reset.
+func TestNodePortReopensAClosedFlowsTuple(t *testing.T) {
+	const timeWait = 7 * time.Second
+	p, tr, ct := newTestProxyWith(t, Config{Conntrack: conntrack.Config{Timeouts: conntrack.Timeouts{TCPTimeWait: timeWait}}}, true)
+	type timer struct {
+		d  time.Duration
+		fn func()
+	}
+	timers := make(chan timer, 4)
+	p.after = func(d time.Duration, fn func()) { timers <- timer{d, fn} }
+	np := p.NewNodePorts([]netip.Addr{netip.MustParseAddr("127.0.0.1")})
+	defer np.Close()
+	ep, err := echoOn(t, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	epPort := ep.Addr().(*net.TCPAddr).Port
+	nodePort, clientPort := freePort(t), freePort(t)
+	tr.OnServiceAdd(svc("web", "10.96.0.1", v1.ProtocolTCP, 80, func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = int32(nodePort)
+	}))
+	tr.OnEndpointSliceAdd(slice("web", "web-1", v1.ProtocolTCP, int32(epPort), "", "127.0.0.1"))
+	tr.OnSynced()
+	np.Sync(p.Table())
+
+	client := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(clientPort))
+	tuple := conntrack.MakeTuple(conntrack.TCP, client, netip.AddrPortFrom(client.Addr(), uint16(nodePort)))
+	if err := ct.Track(tuple); err != nil {
+		t.Fatal(err)
+	}
+	var oldEnded atomic.Bool
+	old := newFlow(tuple, true, conntrack.Binding{}, func(bool) { oldEnded.Store(true) })
+	if !p.track(old) {
+		t.Fatal("track the old flow")
+	}
+
+	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(client), Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", "127.0.0.1:"+itoa(nodePort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	expectExchange(t, c, c, "hello")
+	if s := p.Stats(); s.Flows[0][ResultRejectedNoService] != 0 || s.Flows[0][ResultProxied] != 1 {
+		t.Fatalf("flow counters %+v, want one proxied and none refused", s.Flows[0])
+	}
+	i, ok := ct.Get(tuple)
+	if newer, _ := i.Owner.(*flow); !ok || newer == nil || newer == old {
+		t.Fatalf("entry %+v present %v: want it bound to the new flow", i, ok)
+	}
+	p.flows.mu.Lock()
+	queued := p.flows.queued
+	p.flows.mu.Unlock()
+	if queued != 0 || oldEnded.Load() {
+		t.Fatalf("the reopened flow was queued (%d) or ended (%v) at once: its handler owns its end", queued, oldEnded.Load())
+	}
+	if ct.DeleteFlow(tuple, old) {
+		t.Fatal("the old flow deleted the new flow's entry")
+	}
+	// The grace ends with the old flow still up: the reaper resets it.
+	var tm timer
+	select {
+	case tm = <-timers:
+	default:
+		t.Fatal("no grace timer for the reopened flow")
+	}
+	if tm.d != timeWait {
+		t.Fatalf("grace %v, want the TIME_WAIT timeout %v", tm.d, timeWait)
+	}
+	tm.fn() // the proxy's reaper takes it from here
+	for deadline := time.Now().Add(5 * time.Second); !oldEnded.Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the reopened flow outlived its grace")
+		}
+	}
+	p.untrack(old)
+	expectExchange(t, c, c, "still up")
+	if len(timers) != 0 {
+		t.Fatalf("%d more grace timers", len(timers))
 	}
 }
 

@@ -105,6 +105,9 @@ type gate struct {
 	synAcks  *synAckWrites
 	acks     *ackHolder             // the link's gate only (ackhold.go)
 	defrag   *conntrack.Reassembler // set by the Stack before the NIC is created
+	// bytesOut is child as a bytesWriter, if it is one (the Linux TUN):
+	// writeOwnBytes writes through it.
+	bytesOut bytesWriter
 
 	// own guards the writes that come from outside gVisor (UDP replies,
 	// udpreply.go) against the link's closing: Stack.Close sets closed
@@ -121,6 +124,7 @@ var _ bytesDispatcher = (*gate)(nil)
 
 func newGate(child stack.LinkEndpoint, ct *conntrack.Table, admit func() AdmitFunc, rej *rejecter, c *gateCounters, bp *udpBypass, rs *resetting) *gate {
 	g := &gate{child: child, ct: ct, admit: admit, rejecter: rej, counters: c, bypass: bp, resets: rs}
+	g.bytesOut, _ = child.(bytesWriter)
 	g.Endpoint.Init(child, g)
 	return g
 }
@@ -352,6 +356,28 @@ func (g *gate) writeOwn(pkts stack.PacketBufferList) (int, tcpip.Error) {
 		return 0, &tcpip.ErrClosedForSend{}
 	}
 	return g.WritePackets(pkts)
+}
+
+// writeOwnBytes is writeOwn for a UDP datagram the gate built whole in b,
+// written through bytesOut (which must be set) without a PacketBuffer. It
+// does what WritePackets does for such a packet: counted, classified in the
+// Reply direction, dropped and counted if INVALID, else written. What
+// WritePackets does besides is for TCP segments only, and the size check is
+// the caller's (b fits the MTU).
+func (g *gate) writeOwnBytes(b []byte) tcpip.Error {
+	g.own.RLock()
+	defer g.own.RUnlock()
+	if g.own.closed {
+		return &tcpip.ErrClosedForSend{}
+	}
+	g.counters.outbound.Add(1)
+	if res := g.ct.ClassifyHead(b, len(b), conntrack.Reply); res.Verdict == conntrack.Invalid {
+		if !res.Reason.Unsupported() {
+			g.counters.invalidOut.Add(1)
+		}
+		return nil // dropped, as WritePackets reports a dropped packet
+	}
+	return g.bytesOut.WriteBytes(b)
 }
 
 // closeOwn makes later writeOwn calls fail, after those in progress.

@@ -189,3 +189,11 @@ func appendPacket(b []byte, pkt *stack.PacketBuffer) []byte {
 type bytesDispatcher interface {
 	DeliverBytes(proto tcpip.NetworkProtocolNumber, b []byte, trusted bool)
 }
+
+// bytesWriter is a link endpoint that also writes a packet held in one
+// slice, without a PacketBuffer (the Linux TUN): the gate writes the UDP
+// replies it builds itself that way (udpreply.go). b is a whole IP packet
+// whose checksums are final; the endpoint does not keep it.
+type bytesWriter interface {
+	WriteBytes(b []byte) tcpip.Error
+}

@@ -97,6 +97,7 @@ type dispatcherBox struct {
 
 var _ stack.LinkEndpoint = (*tunEndpoint)(nil)
 var _ stack.GSOEndpoint = (*tunEndpoint)(nil)
+var _ bytesWriter = (*tunEndpoint)(nil)
 
 func newTUNEndpoint(queues []tunQueue, mtu uint32, vnet bool) *tunEndpoint {
 	e := &tunEndpoint{queues: queues, vnet: vnet}
@@ -308,6 +309,29 @@ func (e *tunEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Erro
 		n++
 	}
 	return n, nil
+}
+
+// zeroVnetHdr is the virtio-net header of a finished packet; the kernel
+// only reads it.
+var zeroVnetHdr [vnetHdrLen]byte
+
+// WriteBytes writes b, a whole packet with final checksums, in one writev
+// behind an empty virtio-net header (a packet finished, as header writes
+// for one gVisor finished), on the queue WritePackets picks for a packet
+// without a hash (implements bytesWriter).
+func (e *tunEndpoint) WriteBytes(b []byte) tcpip.Error {
+	if e.closed.Load() {
+		return &tcpip.ErrClosedForSend{}
+	}
+	var arr [2]unix.Iovec
+	iovs := arr[:0]
+	if e.vnet {
+		iovs = appendIovec(iovs, zeroVnetHdr[:])
+	}
+	if errno := writevRaw(e.queues[0].fd, appendIovec(iovs, b)); errno != 0 {
+		return tcpip.TranslateErrno(errno)
+	}
+	return nil
 }
 
 // writePacket writes hdr and pkt as one packet, an iovec per view of pkt

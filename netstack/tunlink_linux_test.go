@@ -3,6 +3,7 @@ package netstack
 import (
 	"bytes"
 	"encoding/binary"
+	"net/netip"
 	"os"
 	"testing"
 	"time"
@@ -265,5 +266,43 @@ func TestTUNReadHandsBytesToTheGate(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("packet %d not delivered", i)
 		}
+	}
+}
+
+// WriteBytes writes a finished packet behind an all-zero virtio-net header
+// (nothing to complete, nothing to cut), or alone in the plain mode; a
+// pipe stands in for the device, and a closed endpoint writes nothing.
+func TestTUNWriteBytes(t *testing.T) {
+	for _, vnet := range []bool{true, false} {
+		var fds [2]int
+		if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+			t.Fatal(err)
+		}
+		e := newTUNEndpoint([]tunQueue{{fd: fds[1]}}, 1500, vnet)
+		want := udpDatagram(netip.MustParseAddrPort("10.96.0.53:53"), netip.MustParseAddrPort("192.0.2.7:40000"), []byte("answer"))
+		if err := e.WriteBytes(want); err != nil {
+			t.Fatalf("vnet %v: WriteBytes: %v", vnet, err)
+		}
+		got := make([]byte, 2048)
+		n, err := unix.Read(fds[0], got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hdr := 0
+		if vnet {
+			hdr = vnetHdrLen
+		}
+		if n != hdr+len(want) || !bytes.Equal(got[:hdr], make([]byte, hdr)) || !bytes.Equal(got[hdr:n], want) {
+			t.Fatalf("vnet %v: read % x, want a zero header of %d bytes and the packet % x", vnet, got[:n], hdr, want)
+		}
+		e.closed.Store(true)
+		if err := e.WriteBytes(want); err == nil {
+			t.Fatalf("vnet %v: WriteBytes on a closed endpoint succeeded", vnet)
+		}
+		if n, err := unix.Read(fds[0], got); n > 0 || err != unix.EAGAIN {
+			t.Fatalf("vnet %v: a closed endpoint wrote %d bytes (%v)", vnet, n, err)
+		}
+		unix.Close(fds[0])
+		unix.Close(fds[1])
 	}
 }

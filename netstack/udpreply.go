@@ -48,12 +48,12 @@ func (c udpConn) Close() error {
 
 // replyDirect writes b to the client from the service address through
 // r.out; it reports false when b does not fit the link's MTU, and nothing
-// was written.
+// was written. A link that writes bytes (the Linux TUN) gets the datagram
+// built in a pooled buffer; any other gets it in a PacketBuffer.
 func (r *UDPRequest) replyDirect(b []byte) (bool, error) {
 	out := r.out
-	v4 := r.client.Addr().Is4()
 	hlen := header.IPv6MinimumSize
-	if v4 {
+	if r.client.Addr().Is4() {
 		hlen = header.IPv4MinimumSize
 	}
 	total := hlen + header.UDPMinimumSize + len(b)
@@ -63,11 +63,41 @@ func (r *UDPRequest) replyDirect(b []byte) (bool, error) {
 	if r.closed.Load() {
 		return true, errReplyClosed
 	}
-	v := buffer.NewViewSize(total)
-	p := v.AsSlice()
+	var err tcpip.Error
+	if out.bytesOut != nil {
+		bp := packetPool.Get().(*[]byte)
+		p := (*bp)[:total]
+		r.buildReply(p, b)
+		err = out.writeOwnBytes(p)
+		packetPool.Put(bp)
+	} else {
+		v := buffer.NewViewSize(total)
+		proto := r.buildReply(v.AsSlice(), b)
+		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithView(v)})
+		pkt.NetworkProtocolNumber = proto
+		var pl stack.PacketBufferList
+		pl.PushBack(pkt)
+		_, err = out.writeOwn(pl)
+		pl.DecRef()
+	}
+	switch err.(type) {
+	case nil:
+		return true, nil
+	case *tcpip.ErrClosedForSend:
+		return true, errors.New("netstack: UDP reply: " + err.String())
+	}
+	return true, ErrReplyDropped
+}
+
+// buildReply writes into p, sized to fit, the datagram that carries b from
+// the service address to the client, and returns its network protocol.
+func (r *UDPRequest) buildReply(p, b []byte) tcpip.NetworkProtocolNumber {
+	total := len(p)
 	var src, dst tcpip.Address
 	var proto tcpip.NetworkProtocolNumber
-	if v4 {
+	hlen := header.IPv6MinimumSize
+	if r.client.Addr().Is4() {
+		hlen = header.IPv4MinimumSize
 		src, dst = tcpip.AddrFrom4(r.svc.Addr().As4()), tcpip.AddrFrom4(r.client.Addr().As4())
 		proto = header.IPv4ProtocolNumber
 		ip := header.IPv4(p)
@@ -101,17 +131,5 @@ func (r *UDPRequest) replyDirect(b []byte) (bool, error) {
 		xsum = ^xsum
 	}
 	binary.BigEndian.PutUint16(u[6:], xsum) // a sum of 0 is sent as 0xffff (RFC 768)
-	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithView(v)})
-	pkt.NetworkProtocolNumber = proto
-	var pl stack.PacketBufferList
-	pl.PushBack(pkt)
-	_, err := out.writeOwn(pl)
-	pl.DecRef()
-	switch err.(type) {
-	case nil:
-		return true, nil
-	case *tcpip.ErrClosedForSend:
-		return true, errors.New("netstack: UDP reply: " + err.String())
-	}
-	return true, ErrReplyDropped
+	return proto
 }

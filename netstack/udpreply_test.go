@@ -3,12 +3,18 @@ package netstack
 import (
 	"context"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/userproxy/userproxy/conntrack"
 )
 
 // replyTwiceHandler answers a flow's first datagram with each of sizes
@@ -45,11 +51,68 @@ func (h replyTwiceHandler) HandleUDP(r *UDPRequest) {
 	h.closed <- r.Reply([]byte("late"))
 }
 
+// bytesLink is a memory link's endpoint that also writes bytes, as the
+// Linux TUN does (bytesWriter): the gate then writes its UDP replies
+// through WriteBytes, which queues them where the memory link's Read finds
+// them, and counts them.
+type bytesLink struct {
+	*channel.Endpoint
+	writes atomic.Int64
+}
+
+func (l *bytesLink) WriteBytes(b []byte) tcpip.Error {
+	l.writes.Add(1)
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(b)})
+	var pl stack.PacketBufferList
+	pl.PushBack(pkt)
+	defer pl.DecRef()
+	_, err := l.Endpoint.WritePackets(pl)
+	return err
+}
+
+// newReplyTestStack is newTestStack over a memory link that writes bytes
+// when bytes is set, and returns that endpoint (nil otherwise).
+func newReplyTestStack(t *testing.T, bytes bool) (*Stack, *MemoryLink, *bytesLink) {
+	t.Helper()
+	if !bytes {
+		st, link, _ := newTestStack(t, accept)
+		return st, link, nil
+	}
+	ct, err := conntrack.NewTable(conntrack.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := NewMemoryLink(0, 64)
+	bl := &bytesLink{Endpoint: link.ch}
+	link.Link.ep = bl
+	st, err := New(Options{Link: &link.Link, Conntrack: ct, Admit: accept})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return st, link, bl
+}
+
+// replyModes are the two ways the gate writes a reply: in a PacketBuffer,
+// and as bytes to a link that takes them (the Linux TUN).
+var replyModes = []struct {
+	name  string
+	bytes bool
+}{{"PacketBuffer", false}, {"bytes", true}}
+
 // TestUDPReplyWrittenByTheGate: a reply Reply builds is, byte for byte, the
 // datagram gVisor's UDP endpoint writes (IPv4 and IPv6, an empty payload,
-// one that fills the MTU); a reply past the MTU goes through gVisor, which
-// fragments it, as before; after the flow's Conn is closed Reply fails.
+// one that fills the MTU), whether the gate writes it in a PacketBuffer or
+// as bytes; a
+// reply past the MTU goes through gVisor, which fragments it, as before;
+// after the flow's Conn is closed Reply fails.
 func TestUDPReplyWrittenByTheGate(t *testing.T) {
+	for _, mode := range replyModes {
+		t.Run(mode.name, func(t *testing.T) { testUDPReplyWrittenByTheGate(t, mode.bytes) })
+	}
+}
+
+func testUDPReplyWrittenByTheGate(t *testing.T, bytes bool) {
 	for _, tc := range []struct {
 		name         string
 		client, svc  netip.AddrPort
@@ -59,7 +122,7 @@ func TestUDPReplyWrittenByTheGate(t *testing.T) {
 		{"IPv6", netip.MustParseAddrPort("[2001:db8::7]:40000"), netip.MustParseAddrPort("[fd00:96::53]:53"), 1500 - 48, 1500 - 47},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st, link, _ := newTestStack(t, accept)
+			st, link, bl := newReplyTestStack(t, bytes)
 			h := replyTwiceHandler{sizes: []int{0, 5, tc.fits, tc.beyond}, closed: make(chan error, 1)}
 			st.SetFlowHandler(h)
 			link.Inject(udpDatagram(tc.client, tc.svc, []byte("q")))
@@ -93,12 +156,41 @@ func TestUDPReplyWrittenByTheGate(t *testing.T) {
 			if got := st.counters.invalidOut.Load(); got != 4 {
 				t.Errorf("%d outbound packets INVALID, want the 4 fragments of the 2 replies past the MTU", got)
 			}
+			if bl != nil && bl.writes.Load() != 3 {
+				t.Errorf("%d replies written as bytes, want the 3 that fit the MTU", bl.writes.Load())
+			}
 			short, cancelShort := context.WithTimeout(context.Background(), 100*time.Millisecond)
 			defer cancelShort()
 			if p := link.Read(short); p != nil {
 				t.Errorf("a %d-byte packet past the replies", len(p))
 			}
 		})
+	}
+}
+
+// TestBuildReplySetsEveryByte: a reply written as bytes is built in a
+// pooled buffer that earlier packets have dirtied, so buildReply must set
+// every byte of the datagram: built over 0x00 and over 0xa5, the two agree.
+func TestBuildReplySetsEveryByte(t *testing.T) {
+	for _, r := range []*UDPRequest{
+		{client: netip.MustParseAddrPort("192.0.2.7:40000"), svc: netip.MustParseAddrPort("10.96.0.53:53")},
+		{client: netip.MustParseAddrPort("[2001:db8::7]:40000"), svc: netip.MustParseAddrPort("[fd00:96::53]:53")},
+	} {
+		payload := []byte("answer")
+		size := header.IPv4MinimumSize + header.UDPMinimumSize + len(payload)
+		if r.client.Addr().Is6() {
+			size = header.IPv6MinimumSize + header.UDPMinimumSize + len(payload)
+		}
+		clean, dirty := make([]byte, size), make([]byte, size)
+		for i := range dirty {
+			dirty[i] = 0xa5
+		}
+		r.buildReply(clean, payload)
+		r.buildReply(dirty, payload)
+		if string(clean) != string(dirty) {
+			t.Fatalf("%v: built over 0x00\n% x\nover 0xa5\n% x", r.client, clean, dirty)
+		}
+		checkUDPReply(t, clean, r.svc, r.client, len(payload))
 	}
 }
 
@@ -134,15 +226,45 @@ func checkUDPReply(t *testing.T, p []byte, from, to netip.AddrPort, n int) {
 // gate fails before it reaches the link (which may be closed already: its
 // descriptor reused), not by the link's refusal.
 func TestUDPReplyAfterClose(t *testing.T) {
-	st, _, _ := newTestStack(t, accept)
-	g := st.gates[linkNIC]
-	st.Close()
-	before := st.counters.outbound.Load()
-	r := &UDPRequest{client: netip.MustParseAddrPort("192.0.2.7:40000"), svc: netip.MustParseAddrPort("10.96.0.53:53"), out: g}
-	if done, err := r.replyDirect([]byte("late")); !done || err == nil || err == ErrReplyDropped {
-		t.Fatalf("a reply after Close: %v, %v; want an error that ends the flow", done, err)
+	for _, mode := range replyModes {
+		t.Run(mode.name, func(t *testing.T) {
+			st, _, bl := newReplyTestStack(t, mode.bytes)
+			g := st.gates[linkNIC]
+			st.Close()
+			before := st.counters.outbound.Load()
+			r := &UDPRequest{client: netip.MustParseAddrPort("192.0.2.7:40000"), svc: netip.MustParseAddrPort("10.96.0.53:53"), out: g}
+			if done, err := r.replyDirect([]byte("late")); !done || err == nil || err == ErrReplyDropped {
+				t.Fatalf("a reply after Close: %v, %v; want an error that ends the flow", done, err)
+			}
+			if n := st.counters.outbound.Load() - before; n != 0 || (bl != nil && bl.writes.Load() != 0) {
+				t.Fatalf("%d packets handed to the gate's outbound path after Close, want 0", n)
+			}
+		})
 	}
-	if n := st.counters.outbound.Load() - before; n != 0 {
-		t.Fatalf("%d packets handed to the gate's outbound path after Close, want 0", n)
+}
+
+// TestUDPReplyOfNoFlowIsInvalid: a reply for a flow conntrack holds no entry
+// of is classified INVALID on the way out, dropped and counted, in either
+// mode, as WritePackets drops any such packet; Reply does not fail for it.
+func TestUDPReplyOfNoFlowIsInvalid(t *testing.T) {
+	for _, mode := range replyModes {
+		t.Run(mode.name, func(t *testing.T) {
+			st, link, bl := newReplyTestStack(t, mode.bytes)
+			r := &UDPRequest{client: netip.MustParseAddrPort("192.0.2.7:40000"), svc: netip.MustParseAddrPort("10.96.0.53:53"), out: st.gates[linkNIC]}
+			if done, err := r.replyDirect([]byte("stray")); !done || err != nil {
+				t.Fatalf("replyDirect: %v, %v; want done and no error", done, err)
+			}
+			if got := st.counters.invalidOut.Load(); got != 1 {
+				t.Fatalf("%d outbound packets INVALID, want 1", got)
+			}
+			if bl != nil && bl.writes.Load() != 0 {
+				t.Fatal("an INVALID reply reached the link")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			if p := link.Read(ctx); p != nil {
+				t.Fatalf("an INVALID reply reached the link: % x", p)
+			}
+		})
 	}
 }

@@ -37,6 +37,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
@@ -237,11 +238,60 @@ func (g *gate) deliver(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffe
 // if it has none yet (DeliverBytes).
 func (g *gate) toStack(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer, b []byte, trusted bool) {
 	if pkt == nil {
-		pkt = newPacket(b, proto)
+		pkt = newInboundPacket(b, proto)
 		pkt.RXChecksumValidated = trusted
 		defer pkt.DecRef()
 	}
 	g.Endpoint.DeliverNetworkPacket(proto, pkt)
+}
+
+// splitPayload is the smallest TCP payload whose segment newInboundPacket
+// makes of two views.
+const splitPayload = 4096
+
+// newInboundPacket is newPacket for a packet from the link, b. A TCP segment
+// with a payload of splitPayload or more gets its IP and TCP headers in a
+// chunk of their own: gVisor's IPv4 and IPv6 HandlePacket read the network
+// header again (pkt.NetworkHeader().Slice(), after the PREROUTING hook)
+// while they still hold a view of it, and PullUp copies a shared chunk
+// before it hands out a slice of it; with the headers apart, what it copies
+// is their chunk, not the 64 KiB of a super-packet (BENCHMARKS.md).
+func newInboundPacket(b []byte, proto tcpip.NetworkProtocolNumber) *stack.PacketBuffer {
+	h := tcpHeadersLen(b)
+	if h == 0 || len(b)-h < splitPayload {
+		return newPacket(b, proto)
+	}
+	buf := buffer.MakeWithData(b[:h])
+	if err := buf.Append(buffer.NewViewWithData(b[h:])); err != nil {
+		buf.Release()
+		return newPacket(b, proto)
+	}
+	pb := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buf})
+	pb.NetworkProtocolNumber = proto
+	return pb
+}
+
+// tcpHeadersLen returns the length of the IP and TCP headers of b, a TCP
+// segment in IPv4 or in IPv6 without extension headers, or 0 for any other
+// packet or one whose headers do not fit it.
+func tcpHeadersLen(b []byte) int {
+	var ip int
+	switch {
+	case len(b) >= header.IPv4MinimumSize && b[0]>>4 == 4 && b[9] == uint8(header.TCPProtocolNumber):
+		ip = int(b[0]&0x0f) * 4
+	case len(b) >= header.IPv6MinimumSize && b[0]>>4 == 6 && b[6] == uint8(header.TCPProtocolNumber):
+		ip = header.IPv6MinimumSize
+	default:
+		return 0
+	}
+	if ip < header.IPv4MinimumSize || len(b) < ip+header.TCPMinimumSize {
+		return 0
+	}
+	h := ip + int(b[ip+12]>>4)*4
+	if h < ip+header.TCPMinimumSize || h > len(b) {
+		return 0
+	}
+	return h
 }
 
 // reject writes an ICMP port unreachable for the packet b to the link,

@@ -594,3 +594,129 @@ func TestOutboundSegmentsClassifiedFromHeaders(t *testing.T) {
 		t.Errorf("INVALID: out %d, in %d, conntrack %d", s.InvalidOut, s.InvalidIn, ct.Stats().InvalidTotal)
 	}
 }
+
+// TestLargeSegmentKeepsItsPayloadChunk: of a TCP segment with a large
+// payload, newInboundPacket puts the headers in a chunk apart, so that the
+// copy gVisor's IPv4 HandlePacket causes (it slices the network header
+// while holding a view of it, and PullUp copies a shared chunk) copies that
+// small chunk and leaves the payload where it is; the packet's bytes are
+// the segment's. Small segments and other packets stay in one chunk.
+func TestLargeSegmentKeepsItsPayloadChunk(t *testing.T) {
+	payload := make([]byte, 60000)
+	for i := range payload {
+		payload[i] = byte(i * 13)
+	}
+	seg := tcpData(client, service, 1001, 5001, payload)
+	pkt := newInboundPacket(seg, header.IPv4ProtocolNumber)
+	defer pkt.DecRef()
+	views := pkt.AsSlices()
+	if len(views) != 2 || len(views[0]) < header.IPv4MinimumSize+header.TCPMinimumSize || len(views[0]) > 1024 {
+		t.Fatalf("views of %v bytes, want a small one holding the headers and the payload's", lens(views))
+	}
+	if got := bytes.Join(views, nil); !bytes.Equal(got, seg) {
+		t.Fatal("the packet's bytes differ from the segment's")
+	}
+	before := &views[1][0]
+	// What ipv4's parseAndValidate and HandlePacket do with the header.
+	if _, ok := pkt.NetworkHeader().Consume(header.IPv4MinimumSize); !ok {
+		t.Fatal("Consume")
+	}
+	held := pkt.NetworkHeader().View()
+	_ = pkt.NetworkHeader().Slice()
+	held.Release()
+	if after := pkt.AsSlices(); &after[1][0] != before || !bytes.Equal(bytes.Join(after, nil), seg) {
+		t.Fatal("the payload's chunk was copied")
+	}
+
+	for _, b := range [][]byte{
+		tcpData(client, service, 1001, 5001, payload[:splitPayload-1]),
+		udpDatagram(client, service, payload),
+		tcpPacket(client, service, header.TCPFlagAck, 1001, 5001),
+	} {
+		p := newInboundPacket(b, header.IPv4ProtocolNumber)
+		if n := len(p.AsSlices()); n != 1 {
+			t.Errorf("a %d-byte packet in %d views, want 1", len(b), n)
+		}
+		p.DecRef()
+	}
+}
+
+func lens(views [][]byte) []int {
+	var n []int
+	for _, v := range views {
+		n = append(n, len(v))
+	}
+	return n
+}
+
+// TestTCPHeadersLen: the IP and TCP headers' length of IPv4 (with options)
+// and IPv6 segments, and 0 for other packets and cut headers.
+func TestTCPHeadersLen(t *testing.T) {
+	v4 := tcpPacket(client, service, header.TCPFlagAck, 1, 1)
+	v4opts := append([]byte(nil), v4...)
+	v4opts[0] = 0x46 // a 24-byte IP header: the TCP header then starts 4 bytes later
+	v4opts = append(v4opts[:20], append(make([]byte, 4), v4opts[20:]...)...)
+	v6 := make([]byte, 40+32)
+	v6[0], v6[6], v6[40+12] = 0x60, 6, 8<<4
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want int
+	}{
+		{"IPv4", v4, 40},
+		{"IPv4 with options", v4opts, 44},
+		{"IPv6 with TCP options", v6, 72},
+		{"UDP", udpDatagram(client, service, []byte("x")), 0},
+		{"cut TCP header", v4[:30], 0},
+		{"data offset past the end", v6[:60], 0},
+	} {
+		if got := tcpHeadersLen(tc.b); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestLargeSegmentReachesTheFlow: a 60,000-byte segment that the kernel
+// vouched for (a GRO or TSO super-packet from the TUN), delivered as bytes
+// and made of two views, reaches the flow byte for byte.
+func TestLargeSegmentReachesTheFlow(t *testing.T) {
+	st, link, _ := newTestStack(t, accept)
+	payload := make([]byte, 60000)
+	for i := range payload {
+		payload[i] = byte(i * 7)
+	}
+	got := make(chan []byte, 1)
+	st.SetFlowHandler(handlerFunc(func(r *TCPRequest) {
+		c, err := r.Accept()
+		if err != nil {
+			got <- nil
+			return
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		buf := make([]byte, len(payload))
+		_, err = io.ReadFull(c, buf)
+		if err != nil {
+			buf = nil
+		}
+		got <- buf
+	}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	link.Inject(tcpPacket(client, service, header.TCPFlagSyn, 1000, 0))
+	synAck := link.Read(ctx)
+	if synAck == nil {
+		t.Fatal("no SYN-ACK")
+	}
+	iss := header.TCP(header.IPv4(synAck).Payload()).SequenceNumber()
+	link.Inject(tcpPacket(client, service, header.TCPFlagAck, 1001, iss+1))
+	st.gates[linkNIC].DeliverBytes(header.IPv4ProtocolNumber, tcpData(client, service, 1001, iss+1, payload), true)
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, payload) {
+			t.Fatalf("the flow read %d bytes, not the segment's %d", len(b), len(payload))
+		}
+	case <-ctx.Done():
+		t.Fatal("the flow did not read the segment")
+	}
+}

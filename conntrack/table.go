@@ -230,7 +230,7 @@ func (t *Table) classify(pkt []byte, missing int, dir Direction, verify bool) (r
 	case outKill:
 		t.removeLocked(sh, e, RemoveKilled, now, &pend)
 	case outRepeat:
-		t.removeLocked(sh, e, RemoveReopened, now, &pend)
+		t.removeLocked(sh, e, reopened(e), now, &pend)
 	}
 	sh.mu.Unlock()
 	t.fire(&pend)
@@ -328,7 +328,7 @@ func (t *Table) Confirm(r *Result) error {
 				if out == outRepeat {
 					// A SYN reopening a closed connection: the old entry
 					// goes, and a new one is inserted below.
-					t.removeLocked(sh, e, RemoveReopened, now, &pend)
+					t.removeLocked(sh, e, reopened(e), now, &pend)
 				} else {
 					sh.joined++
 					if out == outKill {
@@ -401,6 +401,16 @@ func (t *Table) Confirm(r *Result) error {
 	sh.inserted++
 	sh.mu.Unlock()
 	return nil
+}
+
+// reopened is why the entry e of a connection that a SYN reopens leaves:
+// RemoveReopened from TIME_WAIT, where both sides closed in order;
+// RemoveKilled from CLOSE, where a RST ended it.
+func reopened(e *entry) RemoveReason {
+	if e.tcp.state == TCPTimeWait {
+		return RemoveReopened
+	}
+	return RemoveKilled
 }
 
 func protoSlot(p Protocol) int {

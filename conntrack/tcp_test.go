@@ -780,3 +780,32 @@ func TestTCPLoneSegment(t *testing.T) {
 		t.Fatal("a RST is lone")
 	}
 }
+
+// TestTCPReopenReason: a SYN that reopens a connection closed in order
+// (TIME_WAIT) removes its entry as reopened; one that reopens a connection a
+// RST ended (CLOSE) removes it as killed, as before. The SYN is New either way.
+func TestTCPReopenReason(t *testing.T) {
+	for _, tc := range []struct {
+		from TCPState
+		want RemoveReason
+	}{{TCPTimeWait, RemoveReopened}, {TCPClose, RemoveKilled}} {
+		var removed []RemoveReason
+		tab, clk := newTestTable(t, func(c *Config) {
+			c.OnRemove = func(_ EntryInfo, why RemoveReason) { removed = append(removed, why) }
+		})
+		f := newFlow(t, tab, clk, client4, service4)
+		for _, s := range reach[tc.from] {
+			f.mustSend(s.dir, s.flags, 0)
+		}
+		if i, ok := f.info(); !ok || i.State != tc.from {
+			t.Fatalf("setup: %+v present %v, want %v", i, ok, tc.from)
+		}
+		clk.Advance(time.Second)
+		if r := f.send(Original, flagSYN, 0); r.Verdict != New {
+			t.Fatalf("%v: the reopening SYN is %v, want New", tc.from, r.Verdict)
+		}
+		if len(removed) != 1 || removed[0] != tc.want {
+			t.Errorf("%v: OnRemove %v, want [%v]", tc.from, removed, tc.want)
+		}
+	}
+}

@@ -40,11 +40,13 @@ var ErrTracked = errors.New("conntrack: the flow is tracked already")
 func (t *Table) Track(orig Tuple) error { return t.track(orig, false) }
 
 // Reopen is Track for a TCP connection the host's kernel has just accepted
-// (step 4): a live entry of the same tuple belongs to a connection the
-// kernel has closed, since it accepts a SYN on a 4-tuple only once the old
-// socket is in TIME_WAIT or gone. That entry is removed with RemoveReopened,
-// whose owner finishes the old flow's last copies on its own (nothing is
-// reset), and the new one is inserted. For other protocols it is Track.
+// (step 4): a live entry of the same tuple that its owner has bound belongs
+// to a connection the kernel has closed, since it accepts a SYN on a
+// 4-tuple only once the old socket is in TIME_WAIT or gone. That entry is
+// removed with RemoveReopened and the new one inserted. An entry not yet
+// bound is its front end's, which has not set up its flow yet and still
+// deletes the entry by tuple alone if that fails: Reopen returns ErrTracked
+// for it, as Track does. For other protocols it is Track.
 func (t *Table) Reopen(orig Tuple) error { return t.track(orig, orig.proto == TCP) }
 
 func (t *Table) track(orig Tuple, reopen bool) error {
@@ -61,7 +63,7 @@ func (t *Table) track(orig Tuple, reopen bool) error {
 		switch {
 		case now >= e.expires:
 			t.removeLocked(sh, e, RemoveExpired, now, &pend)
-		case reopen:
+		case reopen && e.bind != nil:
 			t.removeLocked(sh, e, RemoveReopened, now, &pend)
 		default:
 			return ErrTracked
@@ -96,14 +98,16 @@ func (t *Table) track(orig Tuple, reopen bool) error {
 }
 
 // Touch restarts the timeout of the tracked flow orig after traffic in
-// direction dir (step 2) and reports whether its entry is live.
-func (t *Table) Touch(orig Tuple, dir Direction) bool {
+// direction dir (step 2) and reports whether its entry is live. With owner
+// non-nil, only an entry bound to owner is touched, so that a flow whose
+// entry was reopened does not keep the newer flow's alive.
+func (t *Table) Touch(orig Tuple, dir Direction, owner any) bool {
 	now := t.clock.Now()
 	sh, h := t.locate(&orig)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.idx.get(&orig, h)
-	if e == nil || now >= e.expires {
+	if e == nil || now >= e.expires || owner != nil && (e.bind == nil || e.bind.Owner != owner) {
 		return false
 	}
 	e.lastSeen = now

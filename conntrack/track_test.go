@@ -40,13 +40,13 @@ func TestTrackedFlows(t *testing.T) {
 		t.Fatalf("tracked UDP entry %+v", u)
 	}
 	clk.Advance(DefaultTimeouts().UDP - 1)
-	if !tab.Touch(udp, Original) {
+	if !tab.Touch(udp, Original, nil) {
 		t.Fatal("Touch: gone")
 	}
 	if u, _ := tab.Get(udp); u.Timeout != DefaultTimeouts().UDP || u.Status != 0 {
 		t.Fatalf("after a datagram from the client: %+v", u)
 	}
-	tab.Touch(udp, Reply)
+	tab.Touch(udp, Reply, nil)
 	if u, _ := tab.Get(udp); u.Timeout != DefaultTimeouts().UDPStream || u.Status != StatusSeenReply|StatusAssured {
 		t.Fatalf("after a reply: %+v", u)
 	}
@@ -55,7 +55,7 @@ func TestTrackedFlows(t *testing.T) {
 		t.Fatal("a touched entry expired")
 	}
 	clk.Advance(1)
-	if tab.Sweep() != 1 || tab.Touch(udp, Reply) {
+	if tab.Sweep() != 1 || tab.Touch(udp, Reply, nil) {
 		t.Fatal("the UDP entry did not expire a timeout after its last touch")
 	}
 	if !tab.DeleteFlow(tcp, nil) || rec.removed != 1 || len(removed) != 2 {
@@ -69,8 +69,9 @@ func TestTrackedFlows(t *testing.T) {
 // TIME_WAIT, tcp_timewait_state_process's TCP_TW_SYN). Reopen replaces the
 // old entry as the kernel's conntrack replaces a reopened TIME_WAIT entry:
 // OnRemove says reopened and names the old owner, the old Counter is told
-// Removed, the old owner's DeleteFlow leaves the new entry alone, and a UDP
-// tuple is still refused while live.
+// Removed, the old owner's DeleteFlow and Touch leave the new entry alone.
+// An entry not yet bound (its front end still setting up) is not replaced,
+// and a UDP tuple is still refused while live.
 func TestReopenTrackedFlow(t *testing.T) {
 	type removal struct {
 		why   RemoveReason
@@ -85,6 +86,9 @@ func TestReopenTrackedFlow(t *testing.T) {
 	tcp := MakeTuple(TCP, client, nodePort)
 	if err := tab.Reopen(tcp); err != nil { // nothing to reopen: Track
 		t.Fatal(err)
+	}
+	if err := tab.Reopen(tcp); !errors.Is(err, ErrTracked) || len(removed) != 0 {
+		t.Fatalf("Reopen over an unbound entry: %v, OnRemove %v; want ErrTracked and nothing removed", err, removed)
 	}
 	oldOwner := new(int)
 	rec := &recorder{t: t, inactive: 1}
@@ -101,6 +105,9 @@ func TestReopenTrackedFlow(t *testing.T) {
 	i, ok := tab.Get(tcp)
 	if !ok || i.ID == old.ID || i.Owner != nil || i.State != TCPEstablished || i.Status&StatusAssured == 0 {
 		t.Fatalf("after Reopen: %+v present %v, want a fresh unbound ESTABLISHED entry", i, ok)
+	}
+	if tab.Touch(tcp, Original, oldOwner) {
+		t.Fatal("the old owner's Touch refreshed the new entry")
 	}
 	if tab.DeleteFlow(tcp, oldOwner) {
 		t.Fatal("the old owner's DeleteFlow removed the new entry")

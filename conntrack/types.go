@@ -240,13 +240,14 @@ const (
 	// RemoveDeleted: removed by Delete.
 	RemoveDeleted
 	// RemoveKilled: removed by the TCP state machine: a RST before any reply
-	// was seen.
+	// was seen, or a SYN reopening a connection a RST closed (CLOSE).
 	RemoveKilled
-	// RemoveReopened: a SYN reopened the closed connection on the same tuple
-	// (the kernel's nf_ct_kill before NF_REPEAT in nf_conntrack_proto_tcp.c;
-	// Confirm, or Reopen for a host socket). The old connection was over in
-	// both directions, so its owner lets it finish its last copies rather
-	// than ending it: only the entry goes.
+	// RemoveReopened: a SYN found the entry in TIME_WAIT, both sides having
+	// closed in order, and it was removed so that the SYN starts over (the
+	// kernel's nf_ct_kill before NF_REPEAT in nf_conntrack_proto_tcp.c); or
+	// Reopen replaced the entry of a tracked flow whose host socket the
+	// kernel had let go. The SYN may then start a new flow, or not, if it is
+	// not admitted.
 	RemoveReopened
 )
 

@@ -1,6 +1,7 @@
 package netstack
 
 import (
+	"bytes"
 	"context"
 	"net/netip"
 	"testing"
@@ -65,4 +66,35 @@ func FuzzGate(f *testing.F) {
 			}
 		}
 	}
+}
+
+// FuzzInboundPacket: of any bytes, newInboundPacket makes a PacketBuffer
+// holding exactly those bytes, in two views split at tcpHeadersLen only for
+// a TCP segment with splitPayload bytes of payload or more, else in one;
+// tcpHeadersLen never reads past b nor returns more than len(b).
+func FuzzInboundPacket(f *testing.F) {
+	f.Add(tcpData(client, service, 1001, 5001, make([]byte, splitPayload)))
+	f.Add(tcpData(client, service, 1001, 5001, make([]byte, 10)))
+	f.Add(udpDatagram(client, service, make([]byte, 5000)))
+	f.Add([]byte{0x60, 0, 0, 0, 0, 8, 6, 64})
+	f.Add([]byte{0x4f, 0, 0, 0, 0, 0, 0, 0, 0, 6})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h := tcpHeadersLen(b)
+		if h < 0 || h > len(b) {
+			t.Fatalf("tcpHeadersLen %d of %d bytes", h, len(b))
+		}
+		if len(b) == 0 {
+			return // a PacketBuffer of nothing has no views
+		}
+		pkt := newInboundPacket(b, header.IPv4ProtocolNumber)
+		defer pkt.DecRef()
+		views := pkt.AsSlices()
+		if got := bytes.Join(views, nil); !bytes.Equal(got, b) {
+			t.Fatalf("the packet holds % x, not % x", got, b)
+		}
+		split := h > 0 && len(b)-h >= splitPayload
+		if split && (len(views) != 2 || len(views[0]) != h) || !split && len(views) != 1 {
+			t.Fatalf("views of %v bytes for headers of %d and %d bytes in all", lens(views), h, len(b))
+		}
+	})
 }

@@ -261,11 +261,8 @@ func newInboundPacket(b []byte, proto tcpip.NetworkProtocolNumber) *stack.Packet
 	if h == 0 || len(b)-h < splitPayload {
 		return newPacket(b, proto)
 	}
-	buf := buffer.MakeWithData(b[:h])
-	if err := buf.Append(buffer.NewViewWithData(b[h:])); err != nil {
-		buf.Release()
-		return newPacket(b, proto)
-	}
+	buf, payload := buffer.MakeWithData(b[:h]), buffer.MakeWithData(b[h:])
+	buf.Merge(&payload) // its views as they are (Append would fill the headers' chunk with payload)
 	pb := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buf})
 	pb.NetworkProtocolNumber = proto
 	return pb

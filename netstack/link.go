@@ -193,7 +193,9 @@ type bytesDispatcher interface {
 // bytesWriter is a link endpoint that also writes a packet held in one
 // slice, without a PacketBuffer (the Linux TUN): the gate writes the UDP
 // replies it builds itself that way (udpreply.go). b is a whole IP packet
-// whose checksums are final; the endpoint does not keep it.
+// whose checksums are final; the endpoint does not keep it. WriteBytes may
+// be called concurrently with itself and with WritePackets, and fails with
+// ErrClosedForSend once the endpoint is closed.
 type bytesWriter interface {
 	WriteBytes(b []byte) tcpip.Error
 }

@@ -10,11 +10,12 @@ package proxy
 //     (with the endpoint's lock held), the sweeper, a flush from the admin
 //     server, an endpoint leaving — only calls OnConntrackRemove, which
 //     queues the flow (once) and returns: nothing is torn down on the
-//     remover's goroutine. An entry that a SYN reopened (RemoveReopened)
-//     is queued only after the TIME_WAIT timeout: its connection was over
-//     in both directions, and its handler may still be copying the last
-//     bytes to the endpoint, so it gets the time its TIME_WAIT entry would
-//     have had to end on its own (the queued flow is then a no-op).
+//     remover's goroutine. A flow whose entry a SYN reopened
+//     (RemoveReopened) is not queued at once: its connection was over in
+//     both directions, but its handler may still be copying the last bytes
+//     to the endpoint. It lingers instead for the time its TIME_WAIT entry
+//     would have had (the TIME_WAIT timeout, on the conntrack clock), and
+//     the reaper queues it then if it has not ended on its own.
 //  3. The reaper (a goroutine of Run) drains the queue and ends each flow:
 //     a TCP flow with a RST to both peers, a UDP flow by closing its
 //     sockets.
@@ -27,7 +28,8 @@ package proxy
 //
 // The queue is bounded by the live flows: a flow is queued at most once,
 // and every live flow holds a conntrack entry or a UDP session slot, so
-// --conntrack-max bounds it.
+// --conntrack-max bounds it, or lingers (step 2) for at most the TIME_WAIT
+// timeout, having given its entry to a newer flow on the same tuple.
 
 import (
 	"context"
@@ -85,6 +87,13 @@ func (f *flow) noteWay(policy DialVia, w Way) {
 // listing shows it as via=.
 func (f *flow) Via() string { return f.via }
 
+// ended reports whether the flow ended on its own (untrack).
+func (f *flow) ended() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.end == nil
+}
+
 // terminate ends the flow unless it already ended on its own; reaped says
 // its entry is gone.
 func (f *flow) terminate(reaped bool) {
@@ -105,6 +114,14 @@ type flowSet struct {
 	// queued and reaped count the flows handed to the reaper and those it
 	// ended, under mu; reaped counts in queue order.
 	queued, reaped uint64
+	// lingering are the flows whose entry a SYN reopened (step 2), each
+	// with when the reaper queues it (conntrack clock), under mu.
+	lingering []lingerer
+}
+
+type lingerer struct {
+	f     *flow
+	until int64
 }
 
 func newFlowSet() *flowSet {
@@ -162,10 +179,45 @@ func (p *Proxy) OnConntrackRemove(info conntrack.EntryInfo, why conntrack.Remove
 		}
 	}
 	if why == conntrack.RemoveReopened {
-		p.after(p.reopenGrace, func() { p.queue(f) })
+		p.linger(f)
 		return
 	}
 	p.queue(f)
+}
+
+// linger holds f, whose entry a SYN reopened, until the TIME_WAIT timeout
+// has passed (step 2), unless it has ended already.
+func (p *Proxy) linger(f *flow) {
+	if f.ended() {
+		return
+	}
+	until := p.ctClock.Now() + int64(p.reopenGrace)
+	p.flows.mu.Lock()
+	p.flows.lingering = append(p.flows.lingering, lingerer{f, until})
+	p.flows.mu.Unlock()
+}
+
+// queueLingering queues the lingering flows whose time is up and forgets
+// those that ended on their own; the reaper calls it every sweep.
+func (p *Proxy) queueLingering() {
+	now := p.ctClock.Now()
+	var due []*flow
+	p.flows.mu.Lock()
+	keep := p.flows.lingering[:0]
+	for _, l := range p.flows.lingering {
+		switch {
+		case now >= l.until:
+			due = append(due, l.f)
+		case !l.f.ended():
+			keep = append(keep, l)
+		}
+	}
+	clear(p.flows.lingering[len(keep):])
+	p.flows.lingering = keep
+	p.flows.mu.Unlock()
+	for _, f := range due {
+		p.queue(f)
+	}
 }
 
 // queue hands f to the reaper, once.
@@ -198,6 +250,7 @@ func (p *Proxy) reap(ctx context.Context, sweep time.Duration) { // flow reaper 
 		case <-tick.C:
 			p.ct.Sweep()
 			p.defrag.Sweep()
+			p.queueLingering()
 		case <-templates.C:
 			p.sweepTemplates()
 		case <-p.flows.wake:

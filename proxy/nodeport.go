@@ -250,8 +250,8 @@ func (n *NodePorts) handleTCP(c net.Conn, fam service.Family, port uint16) {
 	p.stats.count(conntrack.TCP, ResultProxied)
 	p.stats.countWay(conntrack.TCP, way)
 	s := &splice{client: c, backend: backend, proxy: p, resetClient: func() { resetTCP(c) }}
-	s.touch = func() { p.ct.Touch(tuple, conntrack.Original) }
 	f := newFlow(tuple, true, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: pk.port.Name.String()}, func(bool) { s.abort() })
+	s.touch = func() { p.ct.Touch(tuple, conntrack.Original, f) } // not a newer flow's, once reopened
 	f.count(pk)
 	f.noteWay(p.cfg.Via, way)
 	defer p.untrack(f)
@@ -342,7 +342,7 @@ type npSession struct {
 func (s *npSession) touch(dir conntrack.Direction) {
 	if now := time.Now().UnixNano(); now-s.lastTouch[dir].Load() > int64(time.Second) {
 		s.lastTouch[dir].Store(now)
-		s.u.n.p.ct.Touch(s.tuple, dir)
+		s.u.n.p.ct.Touch(s.tuple, dir, s.flow)
 	}
 }
 

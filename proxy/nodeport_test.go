@@ -125,13 +125,8 @@ func TestNodePortsOnLoopback(t *testing.T) {
 // are its own until then), and is then reset.
 func TestNodePortReopensAClosedFlowsTuple(t *testing.T) {
 	const timeWait = 7 * time.Second
-	p, tr, ct := newTestProxyWith(t, Config{Conntrack: conntrack.Config{Timeouts: conntrack.Timeouts{TCPTimeWait: timeWait}}}, true)
-	type timer struct {
-		d  time.Duration
-		fn func()
-	}
-	timers := make(chan timer, 4)
-	p.after = func(d time.Duration, fn func()) { timers <- timer{d, fn} }
+	clk := conntrack.NewManualClock(0)
+	p, tr, ct := newTestProxyWith(t, Config{Conntrack: conntrack.Config{Clock: clk, Timeouts: conntrack.Timeouts{TCPTimeWait: timeWait}}}, true)
 	np := p.NewNodePorts([]netip.Addr{netip.MustParseAddr("127.0.0.1")})
 	defer np.Close()
 	ep, err := echoOn(t, "127.0.0.1:0")
@@ -183,17 +178,18 @@ func TestNodePortReopensAClosedFlowsTuple(t *testing.T) {
 	if ct.DeleteFlow(tuple, old) {
 		t.Fatal("the old flow deleted the new flow's entry")
 	}
-	// The grace ends with the old flow still up: the reaper resets it.
-	var tm timer
-	select {
-	case tm = <-timers:
-	default:
-		t.Fatal("no grace timer for the reopened flow")
+	// It lingers for the TIME_WAIT timeout; after that, still up, it is
+	// queued, and the proxy's reaper resets it.
+	clk.Advance(timeWait - 1)
+	p.queueLingering()
+	p.flows.mu.Lock()
+	queued, lingering := p.flows.queued, len(p.flows.lingering)
+	p.flows.mu.Unlock()
+	if queued != 0 || lingering != 1 || oldEnded.Load() {
+		t.Fatalf("before its grace is up: %d queued, %d lingering, ended %v; want 0, 1, false", queued, lingering, oldEnded.Load())
 	}
-	if tm.d != timeWait {
-		t.Fatalf("grace %v, want the TIME_WAIT timeout %v", tm.d, timeWait)
-	}
-	tm.fn() // the proxy's reaper takes it from here
+	clk.Advance(1)
+	p.queueLingering()
 	for deadline := time.Now().Add(5 * time.Second); !oldEnded.Load(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the reopened flow outlived its grace")
@@ -201,8 +197,40 @@ func TestNodePortReopensAClosedFlowsTuple(t *testing.T) {
 	}
 	p.untrack(old)
 	expectExchange(t, c, c, "still up")
-	if len(timers) != 0 {
-		t.Fatalf("%d more grace timers", len(timers))
+	p.flows.mu.Lock()
+	lingering = len(p.flows.lingering)
+	p.flows.mu.Unlock()
+	if lingering != 0 {
+		t.Fatalf("%d flows still lingering", lingering)
+	}
+}
+
+// TestEndedFlowDoesNotLinger: a flow that ended on its own before a SYN
+// reopened its entry (the usual case on the TUN path, where the TIME_WAIT
+// entry outlives the flow) is not held for the grace; one that ends during
+// it is forgotten at the next sweep.
+func TestEndedFlowDoesNotLinger(t *testing.T) {
+	p, _, _ := newTestProxyWith(t, Config{}, false)
+	tuple := conntrack.MakeTuple(conntrack.TCP, netip.MustParseAddrPort("192.0.2.7:40000"), netip.MustParseAddrPort("10.96.0.1:80"))
+	gone := newFlow(tuple, true, conntrack.Binding{}, func(bool) { t.Error("an ended flow was ended again") })
+	p.untrack(gone)
+	live := newFlow(tuple, true, conntrack.Binding{}, func(bool) { t.Error("a flow that ended on its own was reset") })
+	for _, f := range []*flow{gone, live} {
+		p.OnConntrackRemove(conntrack.EntryInfo{Owner: f}, conntrack.RemoveReopened)
+	}
+	p.flows.mu.Lock()
+	lingering := len(p.flows.lingering)
+	p.flows.mu.Unlock()
+	if lingering != 1 {
+		t.Fatalf("%d lingering, want only the live flow", lingering)
+	}
+	p.untrack(live)
+	p.queueLingering()
+	p.flows.mu.Lock()
+	lingering, queued := len(p.flows.lingering), p.flows.queued
+	p.flows.mu.Unlock()
+	if lingering != 0 || queued != 0 {
+		t.Fatalf("after it ended: %d lingering, %d queued; want none", lingering, queued)
 	}
 }
 

@@ -124,10 +124,10 @@ type Proxy struct {
 	runOnce sync.Once
 	defrag  *conntrack.Reassembler
 	// reopenGrace is how long a flow whose entry a SYN reopened may go on
-	// before the reaper ends it (flows.go, step 2): the TIME_WAIT timeout.
-	// after is time.AfterFunc (a test's stand-in otherwise).
+	// before the reaper ends it (flows.go, step 2): the TIME_WAIT timeout,
+	// on ctClock, the conntrack table's clock.
 	reopenGrace time.Duration
-	after       func(time.Duration, func())
+	ctClock     conntrack.Clock
 
 	udpSessions atomic.Int64
 	stats       counters
@@ -234,11 +234,10 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	p.cfg, p.ct, p.defrag = cfg, ct, defrag
-	p.reopenGrace = ctc.Timeouts.TCPTimeWait
+	p.reopenGrace, p.ctClock = ctc.Timeouts.TCPTimeWait, ctc.Clock
 	if p.reopenGrace == 0 {
 		p.reopenGrace = conntrack.DefaultTimeouts().TCPTimeWait
 	}
-	p.after = func(d time.Duration, f func()) { time.AfterFunc(d, f) }
 	empty := map[pickerKey]*portState{}
 	p.states.Store(&empty)
 	return p, nil

@@ -27,6 +27,19 @@ func freePort(t *testing.T) int {
 	return port
 }
 
+// loopbackNodePorts serves p's NodePorts on 127.0.0.1 until the test ends
+// and starts an echo endpoint on loopback, whose port it returns.
+func loopbackNodePorts(t *testing.T, p *Proxy) (*NodePorts, int) {
+	t.Helper()
+	np := p.NewNodePorts([]netip.Addr{netip.MustParseAddr("127.0.0.1")})
+	t.Cleanup(np.Close)
+	ep, err := echoOn(t, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return np, ep.Addr().(*net.TCPAddr).Port
+}
+
 // TestNodePortsOnLoopback: a NodePort Service is served on 127.0.0.1:
 // TCP reaches the endpoint with a conntrack entry listing the address the
 // client used, which goes when the connection ends; UDP is relayed both
@@ -34,13 +47,7 @@ func freePort(t *testing.T) int {
 // leaves the table is closed.
 func TestNodePortsOnLoopback(t *testing.T) {
 	p, tr, ct := newTestProxyWith(t, Config{}, true)
-	np := p.NewNodePorts([]netip.Addr{netip.MustParseAddr("127.0.0.1")})
-	defer np.Close()
-	ep, err := echoOn(t, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	epPort := ep.Addr().(*net.TCPAddr).Port
+	np, epPort := loopbackNodePorts(t, p)
 	uep := udpEcho(t, "127.0.0.1:0")
 	tcpNP, udpNP := freePort(t), freePort(t)
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
@@ -127,13 +134,7 @@ func TestNodePortReopensAClosedFlowsTuple(t *testing.T) {
 	const timeWait = 7 * time.Second
 	clk := conntrack.NewManualClock(0)
 	p, tr, ct := newTestProxyWith(t, Config{Conntrack: conntrack.Config{Clock: clk, Timeouts: conntrack.Timeouts{TCPTimeWait: timeWait}}}, true)
-	np := p.NewNodePorts([]netip.Addr{netip.MustParseAddr("127.0.0.1")})
-	defer np.Close()
-	ep, err := echoOn(t, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	epPort := ep.Addr().(*net.TCPAddr).Port
+	np, epPort := loopbackNodePorts(t, p)
 	nodePort, clientPort := freePort(t), freePort(t)
 	tr.OnServiceAdd(svc("web", "10.96.0.1", v1.ProtocolTCP, 80, func(s *v1.Service) {
 		s.Spec.Type = v1.ServiceTypeNodePort

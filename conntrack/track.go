@@ -15,7 +15,8 @@ import "errors"
 //     and open to early drop. Bind then records the binding as for any
 //     flow.
 //  2. Touch restarts the timeout while the flow is active, in either
-//     direction (the front end calls it now and then, not per packet): a
+//     direction (the front end calls it now and then, not per packet, with
+//     its flow as the owner, so that it touches its own entry only): a
 //     UDP flow becomes replied with its first reply, and a stream, ASSURED,
 //     as udpPacket makes it. An entry that times out is removed with
 //     OnRemove as usual, and its owner ends the flow.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+	"time"
 )
 
 // TestTrackedFlows: a flow the table sees no packets of is listed as
@@ -78,7 +79,7 @@ func TestReopenTrackedFlow(t *testing.T) {
 		owner any
 	}
 	var removed []removal
-	tab, _ := newTestTable(t, func(c *Config) {
+	tab, clk := newTestTable(t, func(c *Config) {
 		c.OnRemove = func(i EntryInfo, why RemoveReason) { removed = append(removed, removal{why, i.Owner}) }
 	})
 	nodePort := netip.MustParseAddrPort("127.0.0.1:30080")
@@ -108,6 +109,23 @@ func TestReopenTrackedFlow(t *testing.T) {
 	}
 	if tab.Touch(tcp, Original, oldOwner) {
 		t.Fatal("the old owner's Touch refreshed the new entry")
+	}
+	newOwner := new(int)
+	if !tab.Bind(tcp, &Binding{Endpoint: pod4, ServicePort: "ns/np:http", Owner: newOwner}) {
+		t.Fatal("Bind the new flow")
+	}
+	clk.Advance(time.Hour)
+	if tab.Touch(tcp, Reply, oldOwner) {
+		t.Fatal("the old owner's Touch refreshed the newer flow's entry")
+	}
+	if i, _ := tab.Get(tcp); i.Timeout != DefaultTimeouts().TCPEstablished-time.Hour {
+		t.Fatalf("timeout %v after a foreign Touch, want it left at %v", i.Timeout, DefaultTimeouts().TCPEstablished-time.Hour)
+	}
+	if !tab.Touch(tcp, Reply, newOwner) {
+		t.Fatal("the owner's own Touch failed")
+	}
+	if i, _ := tab.Get(tcp); i.Timeout != DefaultTimeouts().TCPEstablished {
+		t.Fatalf("timeout %v after the owner's Touch, want %v", i.Timeout, DefaultTimeouts().TCPEstablished)
 	}
 	if tab.DeleteFlow(tcp, oldOwner) {
 		t.Fatal("the old owner's DeleteFlow removed the new entry")

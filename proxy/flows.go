@@ -115,7 +115,8 @@ type flowSet struct {
 	// ended, under mu; reaped counts in queue order.
 	queued, reaped uint64
 	// lingering are the flows whose entry a SYN reopened (step 2), each
-	// with when the reaper queues it (conntrack clock), under mu.
+	// with when the reaper queues it (conntrack clock), under mu; a flow's
+	// own mu may be taken under it, never the other way round.
 	lingering []lingerer
 }
 
@@ -206,14 +207,17 @@ func (p *Proxy) queueLingering() {
 	keep := p.flows.lingering[:0]
 	for _, l := range p.flows.lingering {
 		switch {
+		case l.f.ended(): // forgotten
 		case now >= l.until:
 			due = append(due, l.f)
-		case !l.f.ended():
+		default:
 			keep = append(keep, l)
 		}
 	}
 	clear(p.flows.lingering[len(keep):])
-	p.flows.lingering = keep
+	if p.flows.lingering = keep; len(keep) == 0 {
+		p.flows.lingering = nil // what a burst of reopens grew goes
+	}
 	p.flows.mu.Unlock()
 	for _, f := range due {
 		p.queue(f)

@@ -283,8 +283,11 @@ func (p *Proxy) routeHost(proto service.Protocol, fam service.Family, port uint1
 	}
 	// The kernel accepts a SYN on the 4-tuple of a connection that is over
 	// (its socket in TIME_WAIT) while that flow's handler may not yet have
-	// deleted its entry: Reopen ends that entry (for UDP it is Track, and a
-	// live entry refuses the datagram).
+	// deleted its entry: Reopen replaces that entry. It still refuses one
+	// whose handler has not bound it yet (a client that reset its
+	// connection while the endpoint was dialled, and reconnected from the
+	// same port): that new connection is reset. For UDP it is Track, and a
+	// live entry refuses the datagram.
 	if err := p.ct.Reopen(tuple); err != nil {
 		if errors.Is(err, conntrack.ErrTableFull) {
 			p.stats.count(cp, ResultTableFull)

@@ -263,9 +263,7 @@ func newInboundPacket(b []byte, proto tcpip.NetworkProtocolNumber) *stack.Packet
 	}
 	buf, payload := buffer.MakeWithData(b[:h]), buffer.MakeWithData(b[h:])
 	buf.Merge(&payload) // its views as they are (Append would fill the headers' chunk with payload)
-	pb := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buf})
-	pb.NetworkProtocolNumber = proto
-	return pb
+	return packetOf(buf, proto)
 }
 
 // tcpHeadersLen returns the length of the IP and TCP headers of b, a TCP
@@ -334,11 +332,8 @@ func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 			}
 			continue
 		}
-		res := g.ct.ClassifyHead(b, pkt.Size(), conntrack.Reply)
-		if res.Verdict == conntrack.Invalid {
-			if !res.Reason.Unsupported() { // counted by conntrack, by protocol
-				g.counters.invalidOut.Add(1)
-			}
+		res, ok := g.classifyOut(b, pkt.Size())
+		if !ok {
 			drop = markDrop(drop, n, i)
 			continue
 		}
@@ -418,13 +413,24 @@ func (g *gate) writeOwnBytes(b []byte) tcpip.Error {
 		return &tcpip.ErrClosedForSend{}
 	}
 	g.counters.outbound.Add(1)
-	if res := g.ct.ClassifyHead(b, len(b), conntrack.Reply); res.Verdict == conntrack.Invalid {
-		if !res.Reason.Unsupported() {
-			g.counters.invalidOut.Add(1)
-		}
+	if _, ok := g.classifyOut(b, len(b)); !ok {
 		return nil // dropped, as WritePackets reports a dropped packet
 	}
 	return g.bytesOut.WriteBytes(b)
+}
+
+// classifyOut classifies a packet on its way out from head (its headers, or
+// all of it) and its size, and reports false, counted, for an INVALID one,
+// which is to be dropped.
+func (g *gate) classifyOut(head []byte, size int) (conntrack.Result, bool) {
+	res := g.ct.ClassifyHead(head, size, conntrack.Reply)
+	if res.Verdict != conntrack.Invalid {
+		return res, true
+	}
+	if !res.Reason.Unsupported() { // counted by conntrack, by protocol
+		g.counters.invalidOut.Add(1)
+	}
+	return res, false
 }
 
 // closeOwn makes later writeOwn calls fail, after those in progress.

@@ -88,7 +88,12 @@ func buildPortUnreachable(b []byte) []byte {
 
 // newPacket wraps raw packet bytes in a PacketBuffer for writing to a link.
 func newPacket(b []byte, proto tcpip.NetworkProtocolNumber) *stack.PacketBuffer {
-	pb := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(b)})
+	return packetOf(buffer.MakeWithData(b), proto)
+}
+
+// packetOf returns a PacketBuffer of protocol proto holding buf.
+func packetOf(buf buffer.Buffer, proto tcpip.NetworkProtocolNumber) *stack.PacketBuffer {
+	pb := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buf})
 	pb.NetworkProtocolNumber = proto
 	return pb
 }

@@ -72,9 +72,7 @@ func (r *UDPRequest) replyDirect(b []byte) (bool, error) {
 		packetPool.Put(bp)
 	} else {
 		v := buffer.NewViewSize(total)
-		proto := r.buildReply(v.AsSlice(), b)
-		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithView(v)})
-		pkt.NetworkProtocolNumber = proto
+		pkt := packetOf(buffer.MakeWithView(v), r.buildReply(v.AsSlice(), b))
 		var pl stack.PacketBufferList
 		pl.PushBack(pkt)
 		_, err = out.writeOwn(pl)

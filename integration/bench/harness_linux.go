@@ -136,8 +136,9 @@ type harness struct {
 	proxy    *proc
 	peers    []*peer
 	failures []string
-	// iperfBusy counts the iperf3 runs the server refused, busy or between
-	// two tests, and the harness retried (printed under the datapath table).
+	// iperfBusy counts the iperf3 runs the server was not ready for
+	// (iperfNotReady) and the harness retried (printed under the datapath
+	// table).
 	iperfBusy int
 }
 

@@ -1,12 +1,19 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestHarnessShort runs the whole harness in short mode (about a second per
@@ -95,4 +102,131 @@ func TestHarnessShort(t *testing.T) {
 			t.Errorf("output lacks %q", want)
 		}
 	}
+}
+
+// TestIperfNotReady runs iperf3's client on 127.0.0.1 against each way its
+// server can be not ready, and one way a test can fail, and checks which
+// ones the harness retries: a server busy with another test (one
+// ACCESS_DENIED byte, then close, as iperf_accept in iperf_server_api.c
+// answers), one closing its listener with the client in the accept queue
+// (cleanup_server at a test's end; the kernel resets the queued
+// connection), none listening; and a server killed after the test's stream
+// connected, which is not retried.
+func TestIperfNotReady(t *testing.T) {
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI installs iperf3 (.ci/run), but: %v", err)
+		}
+		t.Skip("needs iperf3")
+	}
+	client := func(t *testing.T, port int, secs string) iperfResult {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		out, _ := exec.CommandContext(ctx, "iperf3", "-c", "127.0.0.1", "-p", strconv.Itoa(port), "-t", secs, "-J").Output()
+		var r iperfResult
+		if err := json.Unmarshal(out, &r); err != nil {
+			t.Fatalf("iperf3's report: %v\n%s", err, out)
+		}
+		t.Logf("iperf3: connected %d, error %q", len(r.Start.Connected), r.Error)
+		return r
+	}
+	listen := func(t *testing.T) (*net.TCPListener, int) {
+		t.Helper()
+		l, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		return l, l.Addr().(*net.TCPAddr).Port
+	}
+
+	t.Run("busy", func(t *testing.T) {
+		l, port := listen(t)
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte{0xff}) // ACCESS_DENIED, (signed char)-1
+			_ = c.Close()
+		}()
+		if r := client(t, port, "1"); !iperfNotReady(r) {
+			t.Errorf("a busy server's refusal (%q) is not retried", r.Error)
+		}
+	})
+
+	t.Run("listener closed with the client queued", func(t *testing.T) {
+		l, port := listen(t)
+		go func() {
+			// Close once the client is in the accept queue: a listening
+			// socket's tcpi_unacked is the queue's length (tcp_get_info).
+			rc, err := l.SyscallConn()
+			if err != nil {
+				return
+			}
+			for range 2000 {
+				var queued uint32
+				_ = rc.Control(func(fd uintptr) {
+					if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+						queued = info.Unacked
+					}
+				})
+				if queued > 0 {
+					time.Sleep(50 * time.Millisecond) // and its cookie with it
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			_ = l.Close()
+		}()
+		if r := client(t, port, "1"); !iperfNotReady(r) {
+			t.Errorf("a reset from the accept queue (%q) is not retried", r.Error)
+		}
+	})
+
+	t.Run("nothing listening", func(t *testing.T) {
+		l, port := listen(t)
+		_ = l.Close()
+		if r := client(t, port, "1"); !iperfNotReady(r) {
+			t.Errorf("a refused connection (%q) is not retried", r.Error)
+		}
+	})
+
+	t.Run("server killed during the test", func(t *testing.T) {
+		l, port := listen(t)
+		_ = l.Close() // the port, for iperf3's own server
+		srv := exec.Command("iperf3", "-s", "-B", "127.0.0.1", "-p", strconv.Itoa(port))
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+		for range 200 { // until it listens
+			if c, err := net.Dial("tcp4", l.Addr().String()); err == nil {
+				_ = c.Close()
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		// That probe was a client to iperf3 too: its server reads a
+		// cookie, fails, and listens again.
+		time.Sleep(200 * time.Millisecond)
+		go func() {
+			time.Sleep(1500 * time.Millisecond)
+			_ = srv.Process.Kill()
+		}()
+		r := client(t, port, "5")
+		if r.Error == "" {
+			t.Fatal("the test did not fail with its server killed")
+		}
+		if iperfNotReady(r) {
+			t.Errorf("a test that failed after its stream connected (%q) would be retried", r.Error)
+		}
+		// The same report with the accept queue's reset message: a reset
+		// after a stream connected is the path's failure either way.
+		r.Error = "unable to receive control message: Connection reset by peer"
+		if len(r.Start.Connected) == 0 || iperfNotReady(r) {
+			t.Errorf("a reset after %d stream(s) connected would be retried", len(r.Start.Connected))
+		}
+	})
 }

@@ -49,7 +49,7 @@ const (
 	// extPolicyAlpha is the significance level of each of the 27
 	// chi-square checks of scenarios 2 and 3 (9 destinations x 3 checks):
 	// about 0.03% in all that some check fails by chance, beside the
-	// 0.3% of scenario 1's three checks at splitAlpha.
+	// 0.01% of scenario 1's nine checks at splitAlpha.
 	extPolicyAlpha = 1e-5
 	// extDropWait is how long a dial waits before it counts as dropped.
 	extDropWait = 2 * time.Second

@@ -21,12 +21,18 @@ import (
 
 const (
 	// splitConns is how many connections each path makes per endpoint count.
-	splitConns = 6000
+	splitConns = 12000
 	// splitAlpha is the significance level of every test in the comparison:
 	// a check fails when its p-value is at most this. With the split
 	// truly uniform on both paths each of the three checks per n fails
-	// by chance with probability 0.001.
-	splitAlpha = 0.001
+	// by chance with probability 1e-5, so a run of the nine fails by
+	// chance about once in 11,000 (at 0.001 and 6,000 connections it was
+	// about once in 110, and CI saw it). The sample was doubled with it, so
+	// the smallest bias the checks see is smaller than before: for n = 3,
+	// one endpoint 5.4% over its share and another as much under it give
+	// the goodness-of-fit test its critical chi-square in expectation (23.0
+	// at df 2); at 6,000 and 0.001 that took 5.9% (13.8).
+	splitAlpha = 1e-5
 	// splitWorkers is how many connections run at once per path.
 	splitWorkers = 8
 )

@@ -29,9 +29,11 @@ const (
 	// chance about once in 11,000 (at 0.001 and 6,000 connections it was
 	// about once in 110, and CI saw it). The sample was doubled with it, so
 	// the smallest bias the checks see is smaller than before: for n = 3,
-	// one endpoint 5.4% over its share and another as much under it give
-	// the goodness-of-fit test its critical chi-square in expectation (23.0
-	// at df 2); at 6,000 and 0.001 that took 5.9% (13.8).
+	// one endpoint 5.4% over its share and another as much under it add
+	// the critical chi-square (23.0 at df 2) to the statistic by
+	// themselves, and are caught about half the time; at 6,000 and 0.001
+	// that took 5.9% (13.8). For n = 2 and 5 it is 4.0% and 7.7% (4.2% and
+	// 8.8% before).
 	splitAlpha = 1e-5
 	// splitWorkers is how many connections run at once per path.
 	splitWorkers = 8
@@ -127,7 +129,7 @@ func (p *diffPath) split(src netip.Addr, addr string, n, conns int) ([]int, erro
 	return counts, firstErr
 }
 
-// Scenario 1: 6,000 connections per path for n = 2, 3 and 5 endpoints; both
+// Scenario 1: splitConns connections per path for n = 2, 3 and 5 endpoints; both
 // splits uniform, and not told apart from each other.
 func TestDifferentialSplit(t *testing.T) {
 	ns := []int{2, 3, 5}

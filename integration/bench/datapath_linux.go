@@ -3,7 +3,9 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -109,7 +111,10 @@ func (h *harness) allCells() []cell {
 // iperfResult is the part of iperf3's JSON report the harness reads.
 type iperfResult struct {
 	Start struct {
-		Connected []json.RawMessage `json:"connected"`
+		// ConnectingTo is reported once the server has answered the
+		// client's cookie; Connected lists the test streams.
+		ConnectingTo json.RawMessage   `json:"connecting_to"`
+		Connected    []json.RawMessage `json:"connected"`
 	} `json:"start"`
 	End struct {
 		SumReceived struct {
@@ -120,27 +125,39 @@ type iperfResult struct {
 	Error string `json:"error"`
 }
 
-// iperfNotReady reports whether iperf3's report says its server was not
-// ready for the client, before any test stream connected:
-//   - busy with the previous test (it answers ACCESS_DENIED and closes);
-//   - between two tests, with no listening socket (refused);
-//   - closing its listener with the client still in its accept queue: at
-//     the end of a test iperf3's server leaves its loop on the client's
-//     IPERF_DONE and closes the listener (cleanup_server in
-//     iperf_server_api.c), and the kernel resets every connection queued
-//     on it, so the client, waiting for its first control message, reads
-//     a reset. Through a proxy the dial of the endpoint completes against
-//     that queue and the reset comes back through the proxy.
+// iperfNotReady says why iperf3's report shows its server was not ready
+// for the client, or "" if it does not. Each case ends the client before
+// the server answered it:
+//   - busy: the server is in another test (it answers ACCESS_DENIED and
+//     closes);
+//   - refused: between two tests it has no listening socket;
+//   - reset in the accept queue: at a test's end the server leaves its
+//     loop on the client's IPERF_DONE and closes its listener
+//     (cleanup_server in iperf_server_api.c), and the kernel resets every
+//     connection queued on it; the client reads the reset as it sends its
+//     cookie or waits for the first control message. Through a proxy the
+//     dial of the endpoint completes against that queue and the reset
+//     comes back through the proxy.
 //
-// A reset after a test stream connected is a failure of the path, not of
-// the server's readiness, and is not retried.
-func iperfNotReady(r iperfResult) bool {
-	if len(r.Start.Connected) > 0 {
-		return false
+// A reset after the server answered, or after a test stream connected, is
+// a failure of the path and is not retried. The messages are matched by
+// their start and their errno, which later iperf3 versions keep while
+// they add hints between the two.
+func iperfNotReady(r iperfResult) string {
+	if len(r.Start.Connected) > 0 || len(r.Start.ConnectingTo) > 0 {
+		return ""
 	}
-	return strings.Contains(r.Error, "the server is busy") ||
-		strings.Contains(r.Error, "unable to connect to server: Connection refused") ||
-		strings.Contains(r.Error, "unable to receive control message: Connection reset by peer")
+	e := r.Error
+	switch {
+	case strings.HasPrefix(e, "the server is busy"):
+		return "busy with another test"
+	case strings.HasPrefix(e, "unable to connect to server") && strings.HasSuffix(e, "Connection refused"):
+		return "not listening, between two tests"
+	case (strings.HasPrefix(e, "unable to receive control message") || strings.HasPrefix(e, "unable to send cookie to server")) &&
+		(strings.HasSuffix(e, "Connection reset by peer") || strings.HasSuffix(e, "Broken pipe")):
+		return "reset in its accept queue as it closed its listener"
+	}
+	return ""
 }
 
 // podIperf3 is iperf3 from p's pod-like client, forwarded into p by its
@@ -164,9 +181,9 @@ func (h *harness) iperf3(p path, down bool) (sample, error) {
 	// it has no listening socket at all (cleanup_server in iperf3's
 	// iperf_server_api.c closes it; the next test's start opens it again),
 	// and a client that comes then is refused, through a proxy as its dial
-	// of the endpoint is. Retry both, a bounded few times, before counting
-	// the cell failed. So is a client reset in the server's accept queue
-	// as it closes its listener at a test's end (iperfNotReady).
+	// of the endpoint is. A client can also be reset in the server's accept
+	// queue as it closes its listener at a test's end (iperfNotReady). Each
+	// is retried, a bounded few times, before the cell counts as failed.
 	var r iperfResult
 	var err error
 	for try := 0; ; try++ {
@@ -182,14 +199,15 @@ func (h *harness) iperf3(p path, down bool) (sample, error) {
 			}
 			return sample{}, fmt.Errorf("iperf3 output: %w", jerr)
 		}
-		if try == 9 || !iperfNotReady(r) {
+		why := iperfNotReady(r)
+		if try == 9 || why == "" {
 			break
 		}
-		h.iperfBusy++
+		h.iperfRetried[why]++
 		time.Sleep(300 * time.Millisecond)
 	}
 	if r.Error != "" {
-		return sample{}, fmt.Errorf("iperf3: %s", r.Error)
+		return sample{}, fmt.Errorf("iperf3 %s in %s: %s", strings.Join(args, " "), p.ns, r.Error)
 	}
 	if err != nil {
 		return sample{}, err
@@ -226,8 +244,12 @@ func (h *harness) datapath() error {
 		}
 	}
 	h.printDatapath(paths, cells, samples)
-	if h.iperfBusy > 0 {
-		fmt.Fprintf(h.o.out, "\niperf3's server was not ready for %d client(s), busy with the previous test, between two tests, or closing its listener with the client in its queue; each was retried after 300 ms.\n", h.iperfBusy)
+	if len(h.iperfRetried) > 0 {
+		whys := slices.Sorted(maps.Keys(h.iperfRetried))
+		for i, why := range whys {
+			whys[i] = fmt.Sprintf("%d %s", h.iperfRetried[why], why)
+		}
+		fmt.Fprintf(h.o.out, "\niperf3's server was not ready for some clients (%s); each was retried after 300 ms.\n", strings.Join(whys, ", "))
 	}
 	return nil
 }

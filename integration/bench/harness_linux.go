@@ -87,7 +87,7 @@ func harnessMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	h := &harness{o: o, self: self, dir: dir}
+	h := &harness{o: o, self: self, dir: dir, iperfRetried: map[string]int{}}
 	defer h.close()
 	if err := h.setUp(); err != nil {
 		return err
@@ -136,10 +136,10 @@ type harness struct {
 	proxy    *proc
 	peers    []*peer
 	failures []string
-	// iperfBusy counts the iperf3 runs the server was not ready for
-	// (iperfNotReady) and the harness retried (printed under the datapath
-	// table).
-	iperfBusy int
+	// iperfRetried counts the iperf3 runs the server was not ready for and
+	// the harness retried, by reason (iperfNotReady; printed under the
+	// datapath table).
+	iperfRetried map[string]int
 }
 
 // The services of the datapath cells.

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -10,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,13 +107,55 @@ func TestHarnessShort(t *testing.T) {
 	}
 }
 
+// TestIperfNotReadyReports decides stored reports of iperf3 3.12 and of
+// later versions, whose messages add hints between the start and the
+// errno.
+func TestIperfNotReadyReports(t *testing.T) {
+	report := func(connectingTo bool, streams int, msg string) iperfResult {
+		var r iperfResult
+		if connectingTo {
+			r.Start.ConnectingTo = json.RawMessage(`{"host":"10.96.0.10","port":5201}`)
+		}
+		for range streams {
+			r.Start.Connected = append(r.Start.Connected, json.RawMessage(`{"socket":5}`))
+		}
+		r.Error = msg
+		return r
+	}
+	for _, tc := range []struct {
+		r     iperfResult
+		retry bool
+	}{
+		{report(false, 0, "the server is busy running a test. try again later"), true},
+		{report(false, 0, "unable to connect to server: Connection refused"), true},
+		{report(false, 0, "unable to connect to server - server may have stopped running or use a different port, firewall issue, etc.: Connection refused"), true},
+		{report(false, 0, "unable to receive control message: Connection reset by peer"), true},
+		{report(false, 0, "unable to receive control message - port may not be available, the other side may have stopped running, etc.: Connection reset by peer"), true},
+		{report(false, 0, "unable to send cookie to server: Connection reset by peer"), true},
+		{report(false, 0, "unable to send cookie to server: Broken pipe"), true},
+		// The server answered: a reset now is the path's.
+		{report(true, 0, "unable to receive control message: Connection reset by peer"), false},
+		{report(true, 1, "unable to receive control message: Connection reset by peer"), false},
+		{report(true, 1, "unable to write to stream socket: Connection reset by peer"), false},
+		{report(false, 0, "unable to connect to server: No route to host"), false},
+		{report(false, 0, "control socket has closed unexpectedly"), false},
+		{report(true, 1, ""), false},
+	} {
+		if why := iperfNotReady(tc.r); (why != "") != tc.retry {
+			t.Errorf("connecting_to %t, %d streams, %q: retried %t (%q), want %t",
+				len(tc.r.Start.ConnectingTo) > 0, len(tc.r.Start.Connected), tc.r.Error, why != "", why, tc.retry)
+		}
+	}
+}
+
 // TestIperfNotReady runs iperf3's client on 127.0.0.1 against each way its
-// server can be not ready, and one way a test can fail, and checks which
-// ones the harness retries: a server busy with another test (one
-// ACCESS_DENIED byte, then close, as iperf_accept in iperf_server_api.c
-// answers), one closing its listener with the client in the accept queue
-// (cleanup_server at a test's end; the kernel resets the queued
-// connection), none listening; and a server killed after the test's stream
+// server can be not ready, and one way a test can fail, to check that this
+// machine's iperf3 reports them as TestIperfNotReadyReports expects: a
+// server busy with another test (one ACCESS_DENIED byte, then close, as
+// iperf_accept in iperf_server_api.c answers), a listener closed with the
+// client in its accept queue (cleanup_server at a test's end; the kernel
+// resets the queued connection), at once or after the client's cookie
+// came, none listening; and a server killed after the test's stream
 // connected, which is not retried.
 func TestIperfNotReady(t *testing.T) {
 	if _, err := exec.LookPath("iperf3"); err != nil {
@@ -128,7 +173,7 @@ func TestIperfNotReady(t *testing.T) {
 		if err := json.Unmarshal(out, &r); err != nil {
 			t.Fatalf("iperf3's report: %v\n%s", err, out)
 		}
-		t.Logf("iperf3: connected %d, error %q", len(r.Start.Connected), r.Error)
+		t.Logf("iperf3: answered %t, connected %d, error %q", len(r.Start.ConnectingTo) > 0, len(r.Start.Connected), r.Error)
 		return r
 	}
 	listen := func(t *testing.T) (*net.TCPListener, int) {
@@ -140,93 +185,111 @@ func TestIperfNotReady(t *testing.T) {
 		t.Cleanup(func() { _ = l.Close() })
 		return l, l.Addr().(*net.TCPAddr).Port
 	}
+	// serve runs f on a goroutine that the test waits for.
+	serve := func(t *testing.T, f func()) {
+		done := make(chan struct{})
+		go func() { defer close(done); f() }()
+		t.Cleanup(func() { <-done })
+	}
+	// queued waits until l's accept queue holds a connection: a listening
+	// socket's tcpi_unacked is the queue's length (tcp_get_info).
+	queued := func(l *net.TCPListener) bool {
+		rc, err := l.SyscallConn()
+		if err != nil {
+			return false
+		}
+		for range 2000 {
+			var n uint32
+			var gerr error
+			if err := rc.Control(func(fd uintptr) {
+				var info *unix.TCPInfo
+				info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+				if gerr == nil {
+					n = info.Unacked
+				}
+			}); err != nil || gerr != nil {
+				return false
+			}
+			if n > 0 {
+				return true
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return false
+	}
+	wantRetried := func(t *testing.T, r iperfResult, what string) {
+		t.Helper()
+		if why := iperfNotReady(r); why == "" {
+			t.Errorf("%s (%q) is not retried", what, r.Error)
+		}
+	}
 
 	t.Run("busy", func(t *testing.T) {
 		l, port := listen(t)
-		go func() {
+		serve(t, func() {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
 			_, _ = c.Write([]byte{0xff}) // ACCESS_DENIED, (signed char)-1
 			_ = c.Close()
-		}()
-		if r := client(t, port, "1"); !iperfNotReady(r) {
-			t.Errorf("a busy server's refusal (%q) is not retried", r.Error)
-		}
+		})
+		wantRetried(t, client(t, port, "1"), "a busy server's refusal")
 	})
 
-	t.Run("listener closed with the client queued", func(t *testing.T) {
-		l, port := listen(t)
-		go func() {
-			// Close once the client is in the accept queue: a listening
-			// socket's tcpi_unacked is the queue's length (tcp_get_info).
-			rc, err := l.SyscallConn()
-			if err != nil {
-				return
-			}
-			for range 2000 {
-				var queued uint32
-				_ = rc.Control(func(fd uintptr) {
-					if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-						queued = info.Unacked
-					}
-				})
-				if queued > 0 {
-					time.Sleep(50 * time.Millisecond) // and its cookie with it
-					break
+	for _, after := range []time.Duration{0, 50 * time.Millisecond} {
+		t.Run(fmt.Sprintf("listener closed %v after the client queued", after), func(t *testing.T) {
+			l, port := listen(t)
+			serve(t, func() {
+				if queued(l) {
+					time.Sleep(after) // 0: often before its cookie came
 				}
-				time.Sleep(5 * time.Millisecond)
-			}
-			_ = l.Close()
-		}()
-		if r := client(t, port, "1"); !iperfNotReady(r) {
-			t.Errorf("a reset from the accept queue (%q) is not retried", r.Error)
-		}
-	})
+				_ = l.Close()
+			})
+			wantRetried(t, client(t, port, "1"), "a reset from the accept queue")
+		})
+	}
 
 	t.Run("nothing listening", func(t *testing.T) {
 		l, port := listen(t)
 		_ = l.Close()
-		if r := client(t, port, "1"); !iperfNotReady(r) {
-			t.Errorf("a refused connection (%q) is not retried", r.Error)
-		}
+		wantRetried(t, client(t, port, "1"), "a refused connection")
 	})
 
 	t.Run("server killed during the test", func(t *testing.T) {
 		l, port := listen(t)
+		addr := l.Addr().String()
 		_ = l.Close() // the port, for iperf3's own server
 		srv := exec.Command("iperf3", "-s", "-B", "127.0.0.1", "-p", strconv.Itoa(port))
+		var stderr strings.Builder
+		srv.Stderr = &stderr
 		if err := srv.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
-		for range 200 { // until it listens
-			if c, err := net.Dial("tcp4", l.Addr().String()); err == nil {
-				_ = c.Close()
+		// Listening once the port cannot be bound (a probe connection
+		// would be a client to it).
+		listening := false
+		for range 500 {
+			pl, err := net.Listen("tcp4", addr)
+			if err != nil {
+				listening = errors.Is(err, syscall.EADDRINUSE)
 				break
 			}
+			_ = pl.Close()
 			time.Sleep(10 * time.Millisecond)
 		}
-		// That probe was a client to iperf3 too: its server reads a
-		// cookie, fails, and listens again.
-		time.Sleep(200 * time.Millisecond)
-		go func() {
-			time.Sleep(1500 * time.Millisecond)
-			_ = srv.Process.Kill()
-		}()
+		if !listening {
+			t.Fatalf("iperf3's server did not listen on %s: %s", addr, stderr.String())
+		}
+		kill := time.AfterFunc(1500*time.Millisecond, func() { _ = srv.Process.Kill() })
+		t.Cleanup(func() { kill.Stop() })
 		r := client(t, port, "5")
-		if r.Error == "" {
-			t.Fatal("the test did not fail with its server killed")
+		if len(r.Start.Connected) == 0 || r.Error == "" {
+			t.Fatalf("the test did not fail after its stream connected (server: %s)", stderr.String())
 		}
-		if iperfNotReady(r) {
-			t.Errorf("a test that failed after its stream connected (%q) would be retried", r.Error)
-		}
-		// The same report with the accept queue's reset message: a reset
-		// after a stream connected is the path's failure either way.
-		r.Error = "unable to receive control message: Connection reset by peer"
-		if len(r.Start.Connected) == 0 || iperfNotReady(r) {
-			t.Errorf("a reset after %d stream(s) connected would be retried", len(r.Start.Connected))
+		if why := iperfNotReady(r); why != "" {
+			t.Errorf("a test that failed after its stream connected (%q) would be retried as %q", r.Error, why)
 		}
 	})
 }

@@ -152,9 +152,12 @@ func iperfNotReady(r iperfResult) string {
 	case strings.HasPrefix(e, "the server is busy"):
 		return "busy with another test"
 	case strings.HasPrefix(e, "unable to connect to server") && strings.HasSuffix(e, "Connection refused"):
-		return "not listening, between two tests"
+		return "not listening (between two tests)"
 	case (strings.HasPrefix(e, "unable to receive control message") || strings.HasPrefix(e, "unable to send cookie to server")) &&
-		(strings.HasSuffix(e, "Connection reset by peer") || strings.HasSuffix(e, "Broken pipe")):
+		(strings.HasSuffix(e, "Connection reset by peer") || strings.HasSuffix(e, "Broken pipe") ||
+			// 3.21 and later shut the reset socket down before they
+			// word the error, and report that call's errno.
+			strings.HasSuffix(e, "Transport endpoint is not connected")):
 		return "reset in its accept queue as it closed its listener"
 	}
 	return ""
@@ -186,6 +189,7 @@ func (h *harness) iperf3(p path, down bool) (sample, error) {
 	// is retried, a bounded few times, before the cell counts as failed.
 	var r iperfResult
 	var err error
+	var retried []string
 	for try := 0; ; try++ {
 		// iperf3 reports its own errors in its JSON (3.12 exits 0 even
 		// then, later versions 1): the report decides, the exit status
@@ -197,16 +201,20 @@ func (h *harness) iperf3(p path, down bool) (sample, error) {
 			if err != nil {
 				return sample{}, err
 			}
-			return sample{}, fmt.Errorf("iperf3 output: %w", jerr)
+			return sample{}, fmt.Errorf("iperf3 %s in %s: its report: %w", strings.Join(args, " "), p.ns, jerr)
 		}
 		why := iperfNotReady(r)
 		if try == 9 || why == "" {
 			break
 		}
 		h.iperfRetried[why]++
+		retried = append(retried, why)
 		time.Sleep(300 * time.Millisecond)
 	}
 	if r.Error != "" {
+		if len(retried) > 0 {
+			return sample{}, fmt.Errorf("iperf3 %s in %s: %s (after %d retries: %s)", strings.Join(args, " "), p.ns, r.Error, len(retried), strings.Join(retried, "; "))
+		}
 		return sample{}, fmt.Errorf("iperf3 %s in %s: %s", strings.Join(args, " "), p.ns, r.Error)
 	}
 	if err != nil {
@@ -249,7 +257,7 @@ func (h *harness) datapath() error {
 		for i, why := range whys {
 			whys[i] = fmt.Sprintf("%d %s", h.iperfRetried[why], why)
 		}
-		fmt.Fprintf(h.o.out, "\niperf3's server was not ready for some clients (%s); each was retried after 300 ms.\n", strings.Join(whys, ", "))
+		fmt.Fprintf(h.o.out, "\niperf3's server was not ready for some clients (%s); each was retried after 300 ms.\n", strings.Join(whys, "; "))
 	}
 	return nil
 }

@@ -20,8 +20,9 @@ package proxy
 //     registration (epoll_ctl, the File and its finalizer) is off the
 //     connect path. (net's own dial would add getpeername and a parked
 //     wake-up, and net.FileConn a dup and three more calls.)
-//  5. Keep-alive (endpointKeepAlive, as net.Dialer does it) is set by the flow after
-//     the client's handshake, off the connect path too (keepAlive).
+//  5. Keep-alive (endpointKeepAlive, as net.Dialer does it) is set by the
+//     flow, and only once it has lasted endpointKeepAlive (keepAliveLater):
+//     off the connect path, and never for a short flow.
 //
 // BENCHMARKS.md (the connect cell's breakdown) has the figures.
 

@@ -255,3 +255,61 @@ func TestSelfConnected(t *testing.T) {
 		t.Fatal("a connection to a listener is seen as connected to itself")
 	}
 }
+
+// TestKeepAliveLater checks that an endpoint connection's keep-alive is
+// turned on only once its flow has lasted the delay, and never when the
+// flow ends first.
+func TestKeepAliveLater(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ep := ln.Addr().(*net.TCPAddr).AddrPort()
+	dial := func() *hostConn {
+		c, err := dialHost(context.Background(), ep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c.(*hostConn)
+	}
+	keep := func(c *hostConn) (on, idle int) {
+		_ = c.rawConn().Control(func(fd uintptr) {
+			on, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+			idle, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+		})
+		return on, idle
+	}
+
+	// A flow that ends before the delay: no keep-alive, and none later.
+	short := dial()
+	stop := keepAliveLater(short, time.Hour)
+	if on, _ := keep(short); on != 0 {
+		t.Errorf("SO_KEEPALIVE %d before the delay; want 0", on)
+	}
+	if !stop() {
+		t.Error("stop found the timer already fired")
+	}
+
+	// A flow that lasts: keep-alive as net.Dialer's default sets it.
+	long := dial()
+	defer keepAliveLater(long, time.Millisecond)()
+	deadline := time.Now().Add(5 * time.Second)
+	on, idle := keep(long)
+	for on == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+		on, idle = keep(long)
+	}
+	if on != 1 || idle != int(endpointKeepAlive/time.Second) {
+		t.Errorf("after the delay: SO_KEEPALIVE %d, TCP_KEEPIDLE %d; want 1, %d", on, idle, int(endpointKeepAlive/time.Second))
+	}
+
+	// A connection another dialer made keeps its own: no timer.
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if keepAliveLater(a, time.Millisecond)() {
+		t.Error("a timer for a connection the proxy did not dial")
+	}
+}

@@ -5,8 +5,9 @@ package proxy
 //  1. route: look up the service port, pick the endpoint.
 //  2. dial the endpoint from the host, bounded by DialTimeout; a refused or
 //     timed-out dial refuses the client with a RST, as the pod would.
-//  3. accept: complete the client's handshake only now; then turn on the
-//     endpoint connection's keep-alive, off the connect path.
+//  3. accept: complete the client's handshake only now; the endpoint
+//     connection's keep-alive is turned on only if the flow lasts
+//     endpointKeepAlive (keepAliveLater).
 //  4. track the flow: its handle is bound on the conntrack entry, so that
 //     the entry's removal ends it (flows.go) with a RST to both peers; an
 //     entry already gone ends it at once.
@@ -64,7 +65,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 		_ = backend.Close()
 		return
 	}
-	keepAlive(backend)
+	defer keepAliveLater(backend, p.keepAliveAfter)()
 	p.stats.count(conntrack.TCP, ResultProxied)
 	p.stats.countWay(conntrack.TCP, way)
 
@@ -192,13 +193,26 @@ type splice struct {
 // conntrack entry.
 const touchEvery = 10 * time.Second
 
-// keepAlive turns on the keep-alive probes of an endpoint connection the
-// proxy dialled itself (dialHost leaves them to the flow, off the connect
-// path); a Config.Dialer sets its own.
-func keepAlive(c net.Conn) {
-	if k, ok := c.(interface{ keepAlive() error }); ok {
-		_ = k.keepAlive()
+// keepAliveLater turns on the keep-alive probes of an endpoint connection
+// the proxy dialled itself (dialHost leaves them to the flow) after the flow
+// has lasted after, and returns the function that stops the timer; the flow
+// calls it as it ends. A Config.Dialer sets its own keep-alive: then there
+// is no timer.
+//
+// Four setsockopt calls are a TCP flow's dearest setup after the connect
+// itself (about 3% of the CPU of the harness's conn/s cell, BENCHMARKS.md),
+// and a flow that ends within endpointKeepAlive could never send a probe:
+// nothing idles that long in it. A flow that lives on gets them then, so
+// the kernel's first probe comes after at most twice endpointKeepAlive of
+// idleness instead of once (tcp_set_keepalive arms the timer a keep-alive
+// period from the call, net/ipv4/tcp.c), then every endpointKeepAlive as
+// before.
+func keepAliveLater(c net.Conn, after time.Duration) (stop func() bool) {
+	k, ok := c.(interface{ keepAlive() error })
+	if !ok {
+		return func() bool { return false }
 	}
+	return time.AfterFunc(after, func() { _ = k.keepAlive() }).Stop
 }
 
 // resetTCP closes a host TCP connection (a *net.TCPConn or a hostConn)

@@ -220,6 +220,8 @@ func dialError(ep netip.AddrPort, call string, err error) error {
 func (c *hostConn) keepAlive() error {
 	var serr error
 	err := c.rawConn().Control(func(fd uintptr) {
+		// SO_KEEPALIVE first: TCP_KEEPIDLE then re-arms the timer for the
+		// idle time left (keepAliveLater).
 		for _, o := range [...]struct{ level, opt, v int }{
 			{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
 			{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(endpointKeepAlive / time.Second)},

@@ -274,35 +274,43 @@ func TestKeepAliveLater(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		return c.(*hostConn)
 	}
-	keep := func(c *hostConn) (on, idle int) {
+	keep := func(c *hostConn) (on, idle, intvl, cnt int) {
 		_ = c.rawConn().Control(func(fd uintptr) {
 			on, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
 			idle, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+			intvl, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
+			cnt, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
 		})
-		return on, idle
+		return on, idle, intvl, cnt
 	}
+	period := int(endpointKeepAlive / time.Second)
 
 	// A flow that ends before the delay: no keep-alive, and none later.
 	short := dial()
-	stop := keepAliveLater(short, time.Hour)
-	if on, _ := keep(short); on != 0 {
+	stop := keepAliveLater(short, 50*time.Millisecond)
+	if on, _, _, _ := keep(short); on != 0 {
 		t.Errorf("SO_KEEPALIVE %d before the delay; want 0", on)
 	}
-	if !stop() {
-		t.Error("stop found the timer already fired")
-	}
+	stopped := stop()
 
-	// A flow that lasts: keep-alive as net.Dialer's default sets it.
+	// A flow that lasts: keep-alive as net.Dialer's default sets it. The
+	// timer sets the four one after another: polled until all are.
 	long := dial()
 	defer keepAliveLater(long, time.Millisecond)()
 	deadline := time.Now().Add(5 * time.Second)
-	on, idle := keep(long)
-	for on == 0 && time.Now().Before(deadline) {
+	on, idle, intvl, cnt := keep(long)
+	for (on != 1 || idle != period || intvl != period || cnt != 9) && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
-		on, idle = keep(long)
+		on, idle, intvl, cnt = keep(long)
 	}
-	if on != 1 || idle != int(endpointKeepAlive/time.Second) {
-		t.Errorf("after the delay: SO_KEEPALIVE %d, TCP_KEEPIDLE %d; want 1, %d", on, idle, int(endpointKeepAlive/time.Second))
+	if on != 1 || idle != period || intvl != period || cnt != 9 {
+		t.Errorf("after the delay: keep-alive %d idle %d interval %d count %d; want 1, %d, %d, 9", on, idle, intvl, cnt, period, period)
+	}
+	// By now the short flow's timer would have fired, had stop not
+	// stopped it.
+	time.Sleep(100 * time.Millisecond)
+	if on, _, _, _ := keep(short); !stopped || on != 0 {
+		t.Errorf("stopped %v, then SO_KEEPALIVE %d; want true, 0", stopped, on)
 	}
 
 	// A connection another dialer made keeps its own: no timer.

@@ -246,7 +246,7 @@ func (n *NodePorts) handleTCP(c net.Conn, fam service.Family, port uint16) {
 		return
 	}
 	done()
-	defer keepAliveLater(backend, p.keepAliveAfter)()
+	defer keepAliveLater(backend, endpointKeepAlive)()
 	p.stats.count(conntrack.TCP, ResultProxied)
 	p.stats.countWay(conntrack.TCP, way)
 	s := &splice{client: c, backend: backend, proxy: p, resetClient: func() { resetTCP(c) }}

@@ -127,11 +127,7 @@ type Proxy struct {
 	// before the reaper ends it (flows.go, step 2): the TIME_WAIT timeout,
 	// on ctClock, the conntrack table's clock.
 	reopenGrace time.Duration
-	// keepAliveAfter is how long a TCP flow lasts before its endpoint
-	// connection's keep-alive is turned on (keepAliveLater):
-	// endpointKeepAlive, shorter in tests.
-	keepAliveAfter time.Duration
-	ctClock        conntrack.Clock
+	ctClock     conntrack.Clock
 
 	udpSessions atomic.Int64
 	stats       counters
@@ -239,7 +235,6 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.cfg, p.ct, p.defrag = cfg, ct, defrag
 	p.reopenGrace, p.ctClock = ctc.Timeouts.TCPTimeWait, ctc.Clock
-	p.keepAliveAfter = endpointKeepAlive
 	if p.reopenGrace == 0 {
 		p.reopenGrace = conntrack.DefaultTimeouts().TCPTimeWait
 	}

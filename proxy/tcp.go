@@ -65,7 +65,7 @@ func (p *Proxy) HandleTCP(r *netstack.TCPRequest) {
 		_ = backend.Close()
 		return
 	}
-	defer keepAliveLater(backend, p.keepAliveAfter)()
+	defer keepAliveLater(backend, endpointKeepAlive)()
 	p.stats.count(conntrack.TCP, ResultProxied)
 	p.stats.countWay(conntrack.TCP, way)
 
@@ -202,11 +202,12 @@ const touchEvery = 10 * time.Second
 // Four setsockopt calls are a TCP flow's dearest setup after the connect
 // itself (about 3% of the CPU of the harness's conn/s cell, BENCHMARKS.md),
 // and a flow that ends within endpointKeepAlive could never send a probe:
-// nothing idles that long in it. A flow that lives on gets them then, so
-// the kernel's first probe comes after at most twice endpointKeepAlive of
-// idleness instead of once (tcp_set_keepalive arms the timer a keep-alive
-// period from the call, net/ipv4/tcp.c), then every endpointKeepAlive as
-// before.
+// nothing idles that long in it. A flow that lives on gets them then, and
+// its first probe still comes after endpointKeepAlive of idleness: setting
+// TCP_KEEPIDLE on a socket with SO_KEEPALIVE on re-arms the kernel's timer
+// for the idle time left since the last segment received
+// (tcp_sock_set_keepidle_locked, net/ipv4/tcp.c), which is why keepAlive
+// sets SO_KEEPALIVE first.
 func keepAliveLater(c net.Conn, after time.Duration) (stop func() bool) {
 	k, ok := c.(interface{ keepAlive() error })
 	if !ok {

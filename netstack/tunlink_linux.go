@@ -231,14 +231,33 @@ func (e *tunEndpoint) read(q tunQueue) {
 	// The kernel hands over up to 64 KiB of packet after the header; a
 	// larger buffer would only hold what the gate drops as oversized.
 	buf := make([]byte, off+maxPacket)
+	rc, err := q.f.SyscallConn()
+	if err != nil {
+		return // a nil File: nothing to read
+	}
+	var (
+		n     int
+		errno unix.Errno
+	)
+	readOne := func(fd uintptr) bool {
+		for {
+			n, errno = readRaw(fd, buf)
+			if errno != unix.EINTR {
+				return errno != unix.EAGAIN // nothing yet: park in the poller
+			}
+		}
+	}
 	for {
-		n, err := q.f.Read(buf)
-		if err != nil {
-			if errors.Is(err, os.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) {
+		if err := rc.Read(readOne); err != nil {
+			if e.closed.Load() || errors.Is(err, os.ErrDeadlineExceeded) {
 				return // Close
 			}
-			// Anything else (the device going away under us) is retried
-			// slowly rather than ending the reader for good.
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		if errno != 0 {
+			// The device going away under us: retried slowly rather
+			// than ending the reader for good.
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
@@ -415,6 +434,16 @@ func writevRaw(fd int, iovs []unix.Iovec) unix.Errno {
 	}
 	_, _, errno := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iovs[0])), uintptr(len(iovs)))
 	return errno
+}
+
+// readRaw reads one packet with read(2) without telling the scheduler, as
+// writevRaw writes: the descriptor is non-blocking, and a plain system call
+// after an idle spell wakes the runtime's sysmon thread with a futex, which
+// on a request/response flow is every exchange (proxy/rawio_linux.go has the
+// details).
+func readRaw(fd uintptr, b []byte) (int, unix.Errno) {
+	n, _, errno := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	return int(n), errno
 }
 
 // openTUNQueue opens one queue of the device name, with virtio-net headers

@@ -29,6 +29,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -240,11 +241,76 @@ func (c *hostConn) keepAlive() error {
 	return serr
 }
 
-// Read reads from the endpoint.
-func (c *hostConn) Read(b []byte) (int, error) { return c.file().Read(b) }
+// Read reads from the endpoint, waiting in the poller while there is
+// nothing to read; the read(2) itself is raw (rawio_linux.go). The
+// endpoint's FIN is io.EOF; errors are *os.PathError, a passed deadline's
+// matching os.ErrDeadlineExceeded, as os.File's do.
+func (c *hostConn) Read(b []byte) (int, error) {
+	rc := c.rawConn()
+	if len(b) == 0 {
+		return 0, nil
+	}
+	var (
+		n     int
+		errno unix.Errno
+	)
+	err := rc.Read(func(fd uintptr) bool {
+		for {
+			n, errno = rawRead(fd, b)
+			if errno != unix.EINTR {
+				return errno != unix.EAGAIN
+			}
+		}
+	})
+	switch {
+	case err != nil:
+		return 0, c.wrapErr("read", err)
+	case errno != 0:
+		return 0, c.wrapErr("read", errno)
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
 
-// Write writes to the endpoint.
-func (c *hostConn) Write(b []byte) (int, error) { return c.file().Write(b) }
+// Write writes all of b to the endpoint, waiting in the poller while its
+// send buffer is full; the write(2) calls themselves are raw
+// (rawio_linux.go). Errors are as Read's.
+func (c *hostConn) Write(b []byte) (int, error) {
+	rc := c.rawConn()
+	var (
+		n     int
+		errno unix.Errno
+	)
+	err := rc.Write(func(fd uintptr) bool {
+		for n < len(b) {
+			m, e := rawWrite(fd, b[n:])
+			switch e {
+			case 0:
+				n += m
+			case unix.EINTR:
+			case unix.EAGAIN:
+				return false
+			default:
+				errno = e
+				return true
+			}
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+		return n, c.wrapErr("write", err)
+	case errno != 0:
+		return n, c.wrapErr("write", errno)
+	}
+	return n, nil
+}
+
+// wrapErr wraps a failure of op as os.File does.
+func (c *hostConn) wrapErr(op string, err error) error {
+	return &os.PathError{Op: op, Path: c.f.Name(), Err: err}
+}
 
 // Close closes the connection (through file, so that a second Close
 // fails as os.File's does instead of closing a reused descriptor).

@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -114,15 +116,7 @@ func TestDialHost(t *testing.T) {
 
 			// resetTCP, on a second connection: the server sees a RST,
 			// not a FIN.
-			c2, err := dialHost(context.Background(), ep)
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv2, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer srv2.Close()
+			c2, srv2 := dialAccepted(t, ln, ep)
 			resetTCP(c2)
 			_ = srv2.SetReadDeadline(time.Now().Add(5 * time.Second))
 			if _, err := srv2.Read(buf); !errors.Is(err, syscall.ECONNRESET) {
@@ -256,16 +250,39 @@ func TestSelfConnected(t *testing.T) {
 	}
 }
 
-// TestKeepAliveLater checks that an endpoint connection's keep-alive is
-// turned on only once its flow has lasted the delay, and never when the
-// flow ends first.
-func TestKeepAliveLater(t *testing.T) {
+// loopbackListener listens on 127.0.0.1 until the test ends.
+func loopbackListener(t *testing.T) (net.Listener, netip.AddrPort) {
+	t.Helper()
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	ep := ln.Addr().(*net.TCPAddr).AddrPort()
+	t.Cleanup(func() { _ = ln.Close() })
+	return ln, ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// dialAccepted dials ep, which ln listens on, and accepts the connection:
+// both ends close when the test ends.
+func dialAccepted(t *testing.T, ln net.Listener, ep netip.AddrPort) (*hostConn, net.Conn) {
+	t.Helper()
+	c, err := dialHost(context.Background(), ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ln.Accept()
+	if err != nil {
+		_ = c.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(); _ = srv.Close() })
+	return c.(*hostConn), srv
+}
+
+// TestKeepAliveLater checks that an endpoint connection's keep-alive is
+// turned on only once its flow has lasted the delay, and never when the
+// flow ends first.
+func TestKeepAliveLater(t *testing.T) {
+	_, ep := loopbackListener(t)
 	dial := func() *hostConn {
 		c, err := dialHost(context.Background(), ep)
 		if err != nil {
@@ -320,4 +337,94 @@ func TestKeepAliveLater(t *testing.T) {
 	if keepAliveLater(a, time.Millisecond)() {
 		t.Error("a timer for a connection the proxy did not dial")
 	}
+}
+
+// TestHostConnRawIO holds hostConn's raw reads and writes (rawio_linux.go)
+// to os.File's behaviour: a write larger than the socket can take waits in
+// the poller and delivers every byte in order; EOF, a reset, deadlines,
+// empty reads and a closed connection answer as os.File's do.
+func TestHostConnRawIO(t *testing.T) {
+	ln, ep := loopbackListener(t)
+	dial := func() (*hostConn, net.Conn) { return dialAccepted(t, ln, ep) }
+
+	t.Run("write waits for room", func(t *testing.T) {
+		c, srv := dial()
+		_ = c.rawConn().Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 16<<10) })
+		want := make([]byte, 8<<20)
+		for i := range want {
+			want[i] = byte(i * 7 / 251)
+		}
+		got := make(chan []byte, 1)
+		go func() {
+			time.Sleep(50 * time.Millisecond) // let the writer fill the socket first
+			b, _ := io.ReadAll(srv)
+			got <- b
+		}()
+		n, err := c.Write(want)
+		if err != nil || n != len(want) {
+			t.Fatalf("Write: %d, %v; want %d, nil", n, err, len(want))
+		}
+		if err := c.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		if b := <-got; !bytes.Equal(b, want) {
+			t.Fatalf("the server read %d bytes, not the %d written in order", len(b), len(want))
+		}
+	})
+
+	t.Run("read: data, empty, EOF", func(t *testing.T) {
+		c, srv := dial()
+		if n, err := c.Read(nil); n != 0 || err != nil {
+			t.Fatalf("empty Read: %d, %v; want 0, nil", n, err)
+		}
+		if _, err := srv.Write([]byte("pong")); err != nil {
+			t.Fatal(err)
+		}
+		_ = srv.(*net.TCPConn).CloseWrite()
+		b, err := io.ReadAll(c)
+		if err != nil || string(b) != "pong" {
+			t.Fatalf("ReadAll: %q, %v; want pong then EOF", b, err)
+		}
+		if n, err := c.Read(make([]byte, 4)); n != 0 || err != io.EOF {
+			t.Fatalf("Read after EOF: %d, %v; want 0, io.EOF", n, err)
+		}
+	})
+
+	t.Run("read: reset", func(t *testing.T) {
+		c, srv := dial()
+		_ = srv.(*net.TCPConn).SetLinger(0)
+		_ = srv.Close()
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := c.Read(make([]byte, 4))
+		var pe *os.PathError
+		if !errors.Is(err, syscall.ECONNRESET) || !errors.As(err, &pe) || pe.Op != "read" {
+			t.Fatalf("Read after the endpoint's RST: %v; want a read *os.PathError matching ECONNRESET", err)
+		}
+	})
+
+	t.Run("deadlines", func(t *testing.T) {
+		c, _ := dial()
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 4)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Read past its deadline: %v; want os.ErrDeadlineExceeded", err)
+		}
+		_ = c.rawConn().Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 16<<10) })
+		_ = c.SetWriteDeadline(time.Now().Add(20 * time.Millisecond))
+		big := make([]byte, 8<<20) // more than the socket and the peer's receive buffer hold: nobody reads
+		n, err := c.Write(big)
+		if !errors.Is(err, os.ErrDeadlineExceeded) || n == 0 || n >= len(big) {
+			t.Fatalf("Write past its deadline: %d, %v; want part of %d written and os.ErrDeadlineExceeded", n, err, len(big))
+		}
+	})
+
+	t.Run("closed", func(t *testing.T) {
+		c, _ := dial()
+		_ = c.Close()
+		if _, err := c.Read(make([]byte, 4)); err == nil {
+			t.Error("Read on a closed connection succeeded")
+		}
+		if _, err := c.Write([]byte("x")); err == nil {
+			t.Error("Write on a closed connection succeeded")
+		}
+	})
 }

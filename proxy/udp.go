@@ -316,7 +316,7 @@ func newUDPSender(c net.Conn, sent *atomic.Uint64) *udpSender {
 }
 
 func (s *udpSender) write(fd uintptr) bool {
-	s.n, s.err = syscall.Write(int(fd), s.buf)
+	s.n, s.err = writeNoWait(fd, s.buf)
 	return true // never wait for the socket
 }
 

@@ -48,9 +48,10 @@ func (b *replyBatch) release() {
 	}
 }
 
-// recvmmsg reads up to len(b.msgs) datagrams from fd without waiting.
+// recvmmsg reads up to len(b.msgs) datagrams from fd without waiting (a
+// raw system call: rawio_linux.go).
 func (b *replyBatch) recvmmsg(fd uintptr) (int, syscall.Errno) {
-	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.msgs[0])), uintptr(len(b.msgs)),
+	n, _, errno := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.msgs[0])), uintptr(len(b.msgs)),
 		unix.MSG_DONTWAIT, 0, 0)
 	if errno != 0 {
 		return 0, errno

@@ -132,7 +132,7 @@ func (rp *replyPoller) run(ctx context.Context) { // UDP reply poller
 	var werr error
 	wait := func(fd uintptr) bool {
 		for {
-			n, werr = syscall.EpollWait(int(fd), events, 0)
+			n, werr = epollWaitNoWait(fd, events)
 			if werr != syscall.EINTR {
 				return werr != nil || n > 0 // none yet: park until epfd is readable
 			}

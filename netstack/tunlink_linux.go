@@ -218,10 +218,11 @@ func (e *tunEndpoint) stopReaders() {
 }
 
 // read delivers the packets of one queue to the dispatcher, each on this
-// goroutine, until the queue is closed or its read deadline passes. It parks
-// in the runtime's poller between packets. Reading as fdbased does (raw reads,
-// blocking in ppoll) ends the spin described at writevRaw, but interleaved
-// runs put it behind on conn/s, RR and UDP (BENCHMARKS.md, tuning log).
+// goroutine, until the queue is closed or its read deadline passes. Its
+// reads are raw (readRaw) and it parks in the runtime's poller between
+// packets. Blocking in ppoll instead, as fdbased does, ends the spin
+// described at writevRaw, but interleaved runs put it behind on conn/s, RR
+// and UDP (BENCHMARKS.md, tuning log).
 func (e *tunEndpoint) read(q tunQueue) {
 	defer e.readers.Done()
 	off := 0
@@ -249,8 +250,10 @@ func (e *tunEndpoint) read(q tunQueue) {
 	}
 	for {
 		if err := rc.Read(readOne); err != nil {
+			// Close sets a read deadline in the past; the Link sets
+			// closed before it closes the descriptors (tun_linux.go).
 			if e.closed.Load() || errors.Is(err, os.ErrDeadlineExceeded) {
-				return // Close
+				return
 			}
 			time.Sleep(10 * time.Millisecond)
 			continue
@@ -436,11 +439,11 @@ func writevRaw(fd int, iovs []unix.Iovec) unix.Errno {
 	return errno
 }
 
-// readRaw reads one packet with read(2) without telling the scheduler, as
-// writevRaw writes: the descriptor is non-blocking, and a plain system call
-// after an idle spell wakes the runtime's sysmon thread with a futex, which
-// on a request/response flow is every exchange (proxy/rawio_linux.go has the
-// details).
+// readRaw reads one packet (at most 64 KiB and a header) with read(2)
+// without telling the scheduler, as writevRaw writes: the descriptor is
+// non-blocking, and a plain system call after an idle spell wakes the
+// runtime's sysmon thread with a futex, which on a request/response flow is
+// every exchange (proxy/rawio_linux.go has the details).
 func readRaw(fd uintptr, b []byte) (int, unix.Errno) {
 	n, _, errno := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
 	return int(n), errno

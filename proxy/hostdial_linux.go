@@ -34,6 +34,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -48,9 +49,10 @@ type hostConn struct {
 	fd     int // the socket; f owns it once registered
 	remote netip.AddrPort
 
-	once sync.Once
-	f    *os.File
-	rc   syscall.RawConn // of f
+	once   sync.Once
+	f      *os.File
+	rc     syscall.RawConn // of f
+	closed atomic.Bool     // Close was called: errors are os.ErrClosed
 }
 
 // file returns the connection's os.File, putting the descriptor into the
@@ -242,11 +244,15 @@ func (c *hostConn) keepAlive() error {
 }
 
 // Read reads from the endpoint, waiting in the poller while there is
-// nothing to read; the read(2) itself is raw (rawio_linux.go). The
-// endpoint's FIN is io.EOF; errors are *os.PathError, a passed deadline's
-// matching os.ErrDeadlineExceeded, as os.File's do.
+// nothing to read. A read into at most maxRawIO bytes is a raw read(2)
+// (rawio_linux.go), a larger one os.File's. The endpoint's FIN is io.EOF;
+// errors are *os.PathError, as os.File's are: a passed deadline's matches
+// os.ErrDeadlineExceeded, a closed connection's os.ErrClosed.
 func (c *hostConn) Read(b []byte) (int, error) {
 	rc := c.rawConn()
+	if len(b) > maxRawIO {
+		return c.f.Read(b)
+	}
 	if len(b) == 0 {
 		return 0, nil
 	}
@@ -274,25 +280,32 @@ func (c *hostConn) Read(b []byte) (int, error) {
 }
 
 // Write writes all of b to the endpoint, waiting in the poller while its
-// send buffer is full; the write(2) calls themselves are raw
-// (rawio_linux.go). Errors are as Read's.
+// send buffer is full. A write of at most maxRawIO bytes is made of raw
+// write(2) calls (rawio_linux.go), a larger one with os.File's. Errors are
+// as Read's.
 func (c *hostConn) Write(b []byte) (int, error) {
 	rc := c.rawConn()
+	if len(b) > maxRawIO {
+		return c.f.Write(b)
+	}
 	var (
-		n     int
-		errno unix.Errno
+		n   int
+		bad error
 	)
 	err := rc.Write(func(fd uintptr) bool {
 		for n < len(b) {
 			m, e := rawWrite(fd, b[n:])
-			switch e {
-			case 0:
+			switch {
+			case e == 0 && m > 0:
 				n += m
-			case unix.EINTR:
-			case unix.EAGAIN:
+			case e == 0: // nothing taken and no error: os.File's answer
+				bad = io.ErrUnexpectedEOF
+				return true
+			case e == unix.EINTR:
+			case e == unix.EAGAIN:
 				return false
 			default:
-				errno = e
+				bad = e
 				return true
 			}
 		}
@@ -301,20 +314,28 @@ func (c *hostConn) Write(b []byte) (int, error) {
 	switch {
 	case err != nil:
 		return n, c.wrapErr("write", err)
-	case errno != 0:
-		return n, c.wrapErr("write", errno)
+	case bad != nil:
+		return n, c.wrapErr("write", bad)
 	}
 	return n, nil
 }
 
-// wrapErr wraps a failure of op as os.File does.
+// wrapErr wraps a failure of op as os.File does, the poller's error for a
+// closed descriptor as os.ErrClosed.
 func (c *hostConn) wrapErr(op string, err error) error {
+	if c.closed.Load() {
+		err = os.ErrClosed
+	}
 	return &os.PathError{Op: op, Path: c.f.Name(), Err: err}
 }
 
 // Close closes the connection (through file, so that a second Close
 // fails as os.File's does instead of closing a reused descriptor).
-func (c *hostConn) Close() error { return c.file().Close() }
+func (c *hostConn) Close() error {
+	f := c.file()
+	c.closed.Store(true)
+	return f.Close()
+}
 
 // CloseWrite shuts down the sending side (a FIN to the endpoint).
 func (c *hostConn) CloseWrite() error {

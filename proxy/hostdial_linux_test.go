@@ -340,35 +340,39 @@ func TestKeepAliveLater(t *testing.T) {
 }
 
 // TestHostConnRawIO holds hostConn's raw reads and writes (rawio_linux.go)
-// to os.File's behaviour: a write larger than the socket can take waits in
-// the poller and delivers every byte in order; EOF, a reset, deadlines,
+// to os.File's behaviour: writes larger than the socket can take wait in
+// the poller and deliver every byte in order; EOF, a reset, deadlines,
 // empty reads and a closed connection answer as os.File's do.
 func TestHostConnRawIO(t *testing.T) {
 	ln, ep := loopbackListener(t)
 	dial := func() (*hostConn, net.Conn) { return dialAccepted(t, ln, ep) }
 
 	t.Run("write waits for room", func(t *testing.T) {
-		c, srv := dial()
-		_ = c.rawConn().Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 16<<10) })
 		want := make([]byte, 8<<20)
 		for i := range want {
 			want[i] = byte(i * 7 / 251)
 		}
-		got := make(chan []byte, 1)
-		go func() {
-			time.Sleep(50 * time.Millisecond) // let the writer fill the socket first
-			b, _ := io.ReadAll(srv)
-			got <- b
-		}()
-		n, err := c.Write(want)
-		if err != nil || n != len(want) {
-			t.Fatalf("Write: %d, %v; want %d, nil", n, err, len(want))
-		}
-		if err := c.CloseWrite(); err != nil {
-			t.Fatal(err)
-		}
-		if b := <-got; !bytes.Equal(b, want) {
-			t.Fatalf("the server read %d bytes, not the %d written in order", len(b), len(want))
+		for _, chunk := range []int{maxRawIO, len(want)} { // raw writes, then os.File's
+			c, srv := dial()
+			_ = c.rawConn().Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 16<<10) })
+			got := make(chan []byte, 1)
+			go func() {
+				time.Sleep(50 * time.Millisecond) // let the writer fill the socket first
+				b, _ := io.ReadAll(srv)
+				got <- b
+			}()
+			for off := 0; off < len(want); off += chunk {
+				n, err := c.Write(want[off : off+chunk])
+				if err != nil || n != chunk {
+					t.Fatalf("Write of %d bytes at %d: %d, %v; want all of it", chunk, off, n, err)
+				}
+			}
+			if err := c.CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			if b := <-got; !bytes.Equal(b, want) {
+				t.Fatalf("writes of %d bytes: the server read %d bytes, not the %d written in order", chunk, len(b), len(want))
+			}
 		}
 	})
 
@@ -410,21 +414,32 @@ func TestHostConnRawIO(t *testing.T) {
 		}
 		_ = c.rawConn().Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 16<<10) })
 		_ = c.SetWriteDeadline(time.Now().Add(20 * time.Millisecond))
-		big := make([]byte, 8<<20) // more than the socket and the peer's receive buffer hold: nobody reads
-		n, err := c.Write(big)
-		if !errors.Is(err, os.ErrDeadlineExceeded) || n == 0 || n >= len(big) {
-			t.Fatalf("Write past its deadline: %d, %v; want part of %d written and os.ErrDeadlineExceeded", n, err, len(big))
+		// Raw writes until the socket and the peer's receive buffer are
+		// full (nobody reads) and the deadline passes.
+		chunk := make([]byte, maxRawIO)
+		var err error
+		for i := 0; i < 1000 && err == nil; i++ {
+			var n int
+			n, err = c.Write(chunk)
+			if err == nil && n != len(chunk) {
+				t.Fatalf("Write: %d bytes without an error; want %d", n, len(chunk))
+			}
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Write past its deadline: %v; want os.ErrDeadlineExceeded", err)
 		}
 	})
 
 	t.Run("closed", func(t *testing.T) {
 		c, _ := dial()
 		_ = c.Close()
-		if _, err := c.Read(make([]byte, 4)); err == nil {
-			t.Error("Read on a closed connection succeeded")
-		}
-		if _, err := c.Write([]byte("x")); err == nil {
-			t.Error("Write on a closed connection succeeded")
+		for _, size := range []int{4, maxRawIO + 1} { // raw, then os.File's
+			if _, err := c.Read(make([]byte, size)); !errors.Is(err, os.ErrClosed) {
+				t.Errorf("Read(%d bytes) on a closed connection: %v; want os.ErrClosed", size, err)
+			}
+			if _, err := c.Write(make([]byte, size)); !errors.Is(err, os.ErrClosed) {
+				t.Errorf("Write(%d bytes) on a closed connection: %v; want os.ErrClosed", size, err)
+			}
 		}
 	})
 }

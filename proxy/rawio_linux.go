@@ -3,16 +3,22 @@ package proxy
 // System calls on non-blocking sockets, made without telling the scheduler.
 //
 // A read, write, recvmmsg or zero-timeout epoll_wait on a non-blocking
-// descriptor never sleeps, so it needs none of what syscall.Syscall does
-// around a call that might (entersyscall, exitsyscall). And one part of that
-// costs: while every P is idle, the runtime's sysmon thread sleeps until it is
-// woken, and the first entersyscall after such an idle spell wakes it with a
-// futex (entersyscallWakeSysmon, runtime/proc.go); it then sleeps 20 µs and
-// goes back to its deep sleep. A proxy on a request/response flow is idle
-// between every two packets, so each exchange of the harness's RR cell paid
-// 1.3 futex wake-ups and 1.25 sysmon nanosleeps (BENCHMARKS.md). A raw call
-// keeps the P for its length, which for these is the kernel's own work on
-// the packet; the runtime's poller is still where the callers wait.
+// descriptor does not wait for a peer, so it needs none of what
+// syscall.Syscall does around a call that may (entersyscall, exitsyscall).
+// And one part of that costs: while every P is idle, the runtime's sysmon
+// thread sleeps until it is woken, and the first entersyscall after such an
+// idle spell wakes it with a futex (entersyscallWakeSysmon, runtime/proc.go);
+// it then sleeps 20 µs and goes back to its deep sleep. A proxy on a
+// request/response flow is idle between every two packets, so each exchange
+// of the harness's RR cell paid 1.3 futex wake-ups and 1.25 sysmon
+// nanosleeps (BENCHMARKS.md). The callers still wait in the runtime's poller.
+//
+// A raw call keeps its P for its whole length, out of sysmon's reach, and the
+// length of a socket call is its copy and the kernel's work on the packet
+// (on a veth or loopback, the peer's receive too). So only calls of at most
+// maxRawIO bytes are raw: a packet's worth, which is what an idle spell is
+// followed by; a bulk copy of up to 1 MiB (the splice's large buffer) is made
+// with a plain call, whose P sysmon can hand to other work meanwhile.
 
 import (
 	"syscall"
@@ -20,6 +26,10 @@ import (
 
 	"golang.org/x/sys/unix"
 )
+
+// maxRawIO is the largest read or write made raw: a TUN packet or a TCP
+// super-segment.
+const maxRawIO = 64 << 10
 
 // rawRead is read(2) on a non-blocking descriptor.
 func rawRead(fd uintptr, b []byte) (int, unix.Errno) {
@@ -42,9 +52,10 @@ func writeNoWait(fd uintptr, b []byte) (int, error) {
 	return n, nil
 }
 
-// epollWaitNoWait is epoll_wait(2) with a zero timeout (replyPoller).
+// epollWaitNoWait is epoll_wait(2) with a zero timeout (replyPoller), made
+// as epoll_pwait with no signal mask: arm64 and riscv64 have no epoll_wait.
 func epollWaitNoWait(epfd uintptr, events []syscall.EpollEvent) (int, error) {
-	n, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_WAIT, epfd, uintptr(unsafe.Pointer(unsafe.SliceData(events))), uintptr(len(events)), 0, 0, 0)
+	n, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, epfd, uintptr(unsafe.Pointer(unsafe.SliceData(events))), uintptr(len(events)), 0, 0, 0)
 	if errno != 0 {
 		return 0, errno
 	}

@@ -53,6 +53,19 @@ type hostConn struct {
 	f      *os.File
 	rc     syscall.RawConn // of f
 	closed atomic.Bool     // Close was called: errors are os.ErrClosed
+	rd, wr rawOp           // the raw reads' and writes' state (Read, Write)
+}
+
+// rawOp is one direction's raw call: its buffer and result, and the
+// RawConn callback bound to them once per connection (file), so that a
+// packet's Read or Write allocates nothing. mu keeps concurrent callers of
+// one direction apart, as net.Conn allows them.
+type rawOp struct {
+	mu  sync.Mutex
+	b   []byte
+	n   int
+	err error
+	fn  func(fd uintptr) bool
 }
 
 // file returns the connection's os.File, putting the descriptor into the
@@ -61,6 +74,7 @@ func (c *hostConn) file() *os.File {
 	c.once.Do(func() {
 		c.f = os.NewFile(uintptr(c.fd), "endpoint") // non-blocking, so in the poller
 		c.rc, _ = c.f.SyscallConn()                 // fails only for a nil File
+		c.rd.fn, c.wr.fn = c.rd.read, c.wr.write
 	})
 	return c.f
 }
@@ -256,23 +270,12 @@ func (c *hostConn) Read(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
-	var (
-		n     int
-		errno unix.Errno
-	)
-	err := rc.Read(func(fd uintptr) bool {
-		for {
-			n, errno = rawRead(fd, b)
-			if errno != unix.EINTR {
-				return errno != unix.EAGAIN
-			}
-		}
-	})
+	n, rerr, err := c.rd.run(rc.Read, b)
 	switch {
 	case err != nil:
 		return 0, c.wrapErr("read", err)
-	case errno != 0:
-		return 0, c.wrapErr("read", errno)
+	case rerr != nil:
+		return 0, c.wrapErr("read", rerr)
 	case n == 0:
 		return 0, io.EOF
 	}
@@ -288,36 +291,67 @@ func (c *hostConn) Write(b []byte) (int, error) {
 	if len(b) > maxRawIO {
 		return c.f.Write(b)
 	}
-	var (
-		n   int
-		bad error
-	)
-	err := rc.Write(func(fd uintptr) bool {
-		for n < len(b) {
-			m, e := rawWrite(fd, b[n:])
-			switch {
-			case e == 0 && m > 0:
-				n += m
-			case e == 0: // nothing taken and no error: os.File's answer
-				bad = io.ErrUnexpectedEOF
-				return true
-			case e == unix.EINTR:
-			case e == unix.EAGAIN:
-				return false
-			default:
-				bad = e
-				return true
-			}
-		}
-		return true
-	})
+	n, werr, err := c.wr.run(rc.Write, b)
 	switch {
 	case err != nil:
 		return n, c.wrapErr("write", err)
-	case bad != nil:
-		return n, c.wrapErr("write", bad)
+	case werr != nil:
+		return n, c.wrapErr("write", werr)
 	}
 	return n, nil
+}
+
+// run makes the direction's raw call on b through call (the RawConn's Read
+// or Write): it returns the bytes moved, the system call's error, and the
+// poller's (a deadline, a closed descriptor).
+func (o *rawOp) run(call func(func(uintptr) bool) error, b []byte) (int, error, error) {
+	o.mu.Lock()
+	o.b, o.n, o.err = b, 0, nil
+	err := call(o.fn)
+	n, oerr := o.n, o.err
+	o.b = nil
+	o.mu.Unlock()
+	return n, oerr, err
+}
+
+// read is one raw read(2) into o.b; false (EAGAIN) parks in the poller.
+func (o *rawOp) read(fd uintptr) bool {
+	for {
+		n, errno := readRaw(fd, o.b)
+		switch errno {
+		case 0:
+			o.n = n
+			return true
+		case unix.EINTR:
+		case unix.EAGAIN:
+			return false
+		default:
+			o.err = errno
+			return true
+		}
+	}
+}
+
+// write writes all of o.b with raw write(2) calls, resuming where it
+// stopped each time the poller finds the socket writable again.
+func (o *rawOp) write(fd uintptr) bool {
+	for o.n < len(o.b) {
+		m, errno := writeRaw(fd, o.b[o.n:])
+		switch {
+		case errno == 0 && m > 0:
+			o.n += m
+		case errno == 0: // nothing taken and no error: os.File's answer
+			o.err = io.ErrUnexpectedEOF
+			return true
+		case errno == unix.EINTR:
+		case errno == unix.EAGAIN:
+			return false
+		default:
+			o.err = errno
+			return true
+		}
+	}
+	return true
 }
 
 // wrapErr wraps a failure of op as os.File does, the poller's error for a

@@ -31,21 +31,21 @@ import (
 // super-segment.
 const maxRawIO = 64 << 10
 
-// rawRead is read(2) on a non-blocking descriptor.
-func rawRead(fd uintptr, b []byte) (int, unix.Errno) {
+// readRaw is read(2) on a non-blocking descriptor.
+func readRaw(fd uintptr, b []byte) (int, unix.Errno) {
 	n, _, errno := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
 	return int(n), errno
 }
 
-// rawWrite is write(2) on a non-blocking descriptor.
-func rawWrite(fd uintptr, b []byte) (int, unix.Errno) {
+// writeRaw is write(2) on a non-blocking descriptor.
+func writeRaw(fd uintptr, b []byte) (int, unix.Errno) {
 	n, _, errno := unix.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
 	return int(n), errno
 }
 
 // writeNoWait writes b to a non-blocking socket once (udpSender).
 func writeNoWait(fd uintptr, b []byte) (int, error) {
-	n, errno := rawWrite(fd, b)
+	n, errno := writeRaw(fd, b)
 	if errno != 0 {
 		return 0, errno
 	}

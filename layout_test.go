@@ -24,17 +24,18 @@ var allowedInternal = map[string][]string{
 	"balancer":    {},
 	"conntrack":   {},
 	"service":     {},
-	"netstack":    {"conntrack"},
+	"netstack":    {"conntrack", "internal"},
 	"source":      {"service", "source"},
-	"proxy":       {"netstack", "service", "balancer", "conntrack", "proxy"},
+	"proxy":       {"netstack", "service", "balancer", "conntrack", "proxy", "internal"},
 	"clusterdns":  {"service", "clusterdns"},
 	"rules":       {"service", "balancer", "rules"},
 	"admin":       {"proxy", "conntrack", "service", "balancer", "clusterdns", "rules", "admin"},
 	"cmd":         {"*"},
 	"examples":    {"*"},
 	"integration": {"*"},
-	// internal holds what is not API: helpers shared by tests (stats) and
-	// the binary's governor of Go's Ps (procs); it imports nothing of ours.
+	// internal holds what is not API: helpers shared by tests (stats), the
+	// binary's governor of Go's Ps (procs) and the packet path's raw system
+	// calls (rawio, for netstack and proxy); it imports nothing of ours.
 	"internal": {},
 }
 

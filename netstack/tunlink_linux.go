@@ -41,6 +41,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/userproxy/userproxy/internal/rawio"
 )
 
 // maxWriteViews is the most slices of one packet WritePackets hands to
@@ -219,7 +221,7 @@ func (e *tunEndpoint) stopReaders() {
 
 // read delivers the packets of one queue to the dispatcher, each on this
 // goroutine, until the queue is closed or its read deadline passes. Its
-// reads are raw (readRaw) and it parks in the runtime's poller between
+// reads are raw (internal/rawio) and it parks in the runtime's poller between
 // packets. Blocking in ppoll instead, as fdbased does, ends the spin
 // described at writevRaw, but interleaved runs put it behind on conn/s, RR
 // and UDP (BENCHMARKS.md, tuning log).
@@ -242,7 +244,7 @@ func (e *tunEndpoint) read(q tunQueue) {
 	)
 	readOne := func(fd uintptr) bool {
 		for {
-			n, errno = readRaw(fd, buf)
+			n, errno = rawio.Read(fd, buf)
 			if errno != unix.EINTR {
 				return errno != unix.EAGAIN // nothing yet: park in the poller
 			}
@@ -437,16 +439,6 @@ func writevRaw(fd int, iovs []unix.Iovec) unix.Errno {
 	}
 	_, _, errno := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iovs[0])), uintptr(len(iovs)))
 	return errno
-}
-
-// readRaw reads one packet (at most 64 KiB and a header) with read(2)
-// without telling the scheduler, as writevRaw writes: the descriptor is
-// non-blocking, and a plain system call after an idle spell wakes the
-// runtime's sysmon thread with a futex, which on a request/response flow is
-// every exchange (proxy/rawio_linux.go has the details).
-func readRaw(fd uintptr, b []byte) (int, unix.Errno) {
-	n, _, errno := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
-	return int(n), errno
 }
 
 // openTUNQueue opens one queue of the device name, with virtio-net headers

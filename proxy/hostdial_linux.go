@@ -39,6 +39,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/userproxy/userproxy/internal/rawio"
 )
 
 // hostConn is a TCP connection dialled by dialHost. Besides net.Conn it
@@ -317,7 +319,7 @@ func (o *rawOp) run(call func(func(uintptr) bool) error, b []byte) (int, error, 
 // read is one raw read(2) into o.b; false (EAGAIN) parks in the poller.
 func (o *rawOp) read(fd uintptr) bool {
 	for {
-		n, errno := readRaw(fd, o.b)
+		n, errno := rawio.Read(fd, o.b)
 		switch errno {
 		case 0:
 			o.n = n
@@ -336,7 +338,7 @@ func (o *rawOp) read(fd uintptr) bool {
 // stopped each time the poller finds the socket writable again.
 func (o *rawOp) write(fd uintptr) bool {
 	for o.n < len(o.b) {
-		m, errno := writeRaw(fd, o.b[o.n:])
+		m, errno := rawio.Write(fd, o.b[o.n:])
 		switch {
 		case errno == 0 && m > 0:
 			o.n += m

@@ -27,6 +27,8 @@ import (
 	"os"
 	"sync"
 	"syscall"
+
+	"github.com/userproxy/userproxy/internal/rawio"
 )
 
 type replyPoller struct {
@@ -132,10 +134,16 @@ func (rp *replyPoller) run(ctx context.Context) { // UDP reply poller
 	var werr error
 	wait := func(fd uintptr) bool {
 		for {
-			n, werr = epollWaitNoWait(fd, events)
-			if werr != syscall.EINTR {
-				return werr != nil || n > 0 // none yet: park until epfd is readable
+			var errno syscall.Errno
+			n, errno = rawio.EpollWaitNoWait(fd, events) // raw: rawio's doc
+			switch errno {
+			case syscall.EINTR:
+				continue
+			case 0:
+				return n > 0 // none yet: park until epfd is readable
 			}
+			werr = errno
+			return true
 		}
 	}
 	for {

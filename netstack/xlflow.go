@@ -1,0 +1,421 @@
+package netstack
+
+// A translated flow's TCP toward the client (BRANCH WORK, not wired yet):
+// the service's side of one connection, whose sequence space follows the
+// endpoint socket's queues, pasta's design (BENCHMARKS.md, "What building it
+// takes"). The flow keeps no bytes of its own:
+//
+//  1. Receive: the client's in-order payload is written to the endpoint
+//     socket, and only what the socket took is acknowledged. The window
+//     offered is rcvWnd while the socket takes everything, 0 after a short
+//     write; when the socket drains (writable), a window update and three
+//     duplicate ACKs ask the client to send the rest again at once.
+//     Out-of-order data is dropped and answered with a duplicate ACK.
+//  2. Send: unacknowledged bytes stay in the socket's receive queue. They
+//     are peeked from the peek offset (sndNxt-sndUna past the queue's head)
+//     as far as the client's window goes, and discarded when the client
+//     acknowledges them. A retransmission timeout, or three duplicate ACKs,
+//     rewind the peek offset to the acknowledged point.
+//  3. End: the client's FIN half-closes the socket; the socket's EOF, once
+//     every byte before it is sent, becomes our FIN. A RST either way ends
+//     the flow.
+//
+// Timers belong to the flow's owner: the flow says what it wants armed
+// (rtoArmed, ackHeld) and the owner calls onRTO and flushAck.
+
+import (
+	"errors"
+	"sync"
+	"time"
+)
+
+// endpointSocket is what a flow does with its endpoint socket: a host TCP
+// socket with SO_PEEK_OFF enabled; a fake in tests.
+type endpointSocket interface {
+	// write writes b without blocking: a short count when the socket is full.
+	write(b []byte) (int, error)
+	// peek reads from the peek offset without consuming, advancing the
+	// offset: 0, nil at EOF; errSocketEmpty when nothing is queued there.
+	peek(b []byte) (int, error)
+	// discard drops n bytes from the queue's head; the peek offset moves
+	// back by n.
+	discard(n int) error
+	// setPeekOffset sets the peek offset, counted from the queue's head.
+	setPeekOffset(n int) error
+	shutdownWrite() error
+	// abort closes the socket with a RST.
+	abort()
+}
+
+var errSocketEmpty = errors.New("netstack: endpoint socket has nothing queued")
+
+type xlState int
+
+const (
+	xlSynRcvd xlState = iota
+	xlEstablished
+	xlClosed
+)
+
+// Retransmission: the initial timeout (RFC 6298 2.1 allows 1 s; Linux's
+// TCP_TIMEOUT_INIT is 1 s, its floor TCP_RTO_MIN 200 ms, which a path inside
+// one machine always meets), doubled per timeout up to xlMaxBackoff times,
+// after which the flow is reset, as tcp_retries2 ends a kernel connection.
+const (
+	xlRTO        = 200 * time.Millisecond
+	xlMaxBackoff = 8
+	dupAckThresh = 3 // RFC 5681 3.2
+)
+
+type xlFlow struct {
+	mu      sync.Mutex
+	sock    endpointSocket
+	w       segWriter
+	emit    func(p []byte) // writes a segment the flow built to the link
+	now     func() time.Time
+	buf     []byte // a segment is built here
+	peekBuf []byte
+
+	state xlState
+
+	// Receive (client -> endpoint).
+	irs      uint32
+	rcvNxt   uint32
+	rcvWnd   uint32 // offered while the socket takes everything, in bytes
+	rcvShift uint8
+	sockFull bool // a write was short: the window offered is 0
+	finIn    bool
+	ackHeld  bool // data acknowledged by the next segment out, or by flushAck
+
+	// Send (endpoint -> client).
+	iss      uint32
+	sndUna   uint32
+	sndNxt   uint32
+	sndWnd   uint32 // bytes the client takes past sndUna
+	sndShift uint8
+	peerWS   int // the SYN's window scale option, -1 for none
+	mss      int
+	dupAcks  int
+	finSent  bool // our FIN is sndNxt-1
+	rtoArmed bool
+	backoff  int
+
+	// Timestamps (RFC 7323), when the client offered them.
+	ts       bool
+	tsRecent uint32
+	tsBase   uint32
+	t0       time.Time
+}
+
+// xlConfig is what a flow starts from.
+type xlConfig struct {
+	sock     endpointSocket
+	w        segWriter
+	emit     func([]byte)
+	now      func() time.Time
+	iss      uint32
+	tsBase   uint32
+	rcvWnd   uint32 // the window to offer, in bytes (the socket's send buffer)
+	rcvShift uint8  // our window scale, used when the client offered one
+	linkMSS  uint16 // the most a segment from us may carry on this link
+}
+
+// newXLFlow makes the flow of the client's SYN and sends the SYN-ACK.
+func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
+	f := &xlFlow{
+		sock: cfg.sock, w: cfg.w, emit: cfg.emit, now: cfg.now,
+		buf: make([]byte, maxPacket), peekBuf: make([]byte, maxPacket-100),
+		irs: syn.seq, rcvNxt: syn.seq + 1, rcvWnd: cfg.rcvWnd,
+		iss: cfg.iss, sndUna: cfg.iss, sndNxt: cfg.iss + 1, sndWnd: uint32(syn.wnd),
+		ts: syn.ts, tsRecent: syn.tsVal, tsBase: cfg.tsBase, t0: cfg.now(), peerWS: syn.ws,
+	}
+	f.mss = int(cfg.linkMSS)
+	if syn.mss != 0 && int(syn.mss) < f.mss {
+		f.mss = int(syn.mss)
+	}
+	if syn.ws >= 0 {
+		f.sndShift, f.rcvShift = uint8(syn.ws), cfg.rcvShift
+	}
+	f.sendSynAck()
+	return f
+}
+
+func (f *xlFlow) sendSynAck() {
+	wnd := min(f.rcvWnd, 0xffff) // a SYN's window is never scaled (RFC 7323 2.2)
+	opts := synAckOptions(nil, clientSeg{ws: f.peerWS, ts: f.ts, tsVal: f.tsRecent}, uint16(f.mss), f.rcvShift, f.tsNow())
+	n := f.w.build(f.buf, f.iss, f.rcvNxt, tcpSYN|tcpACK, uint16(wnd), opts, nil)
+	f.emit(f.buf[:n])
+	f.rtoArmed = true
+}
+
+func (f *xlFlow) tsNow() uint32 {
+	return f.tsBase + uint32(f.now().Sub(f.t0).Milliseconds())
+}
+
+// window is the window field of our next segment.
+func (f *xlFlow) window() uint16 {
+	if f.sockFull {
+		return 0
+	}
+	return uint16(min(f.rcvWnd>>f.rcvShift, 0xffff))
+}
+
+// send builds and emits one segment at sndNxt; it carries the ACK of
+// everything received so far.
+func (f *xlFlow) send(flags byte, payload []byte) {
+	var o [12]byte
+	opts := o[:0]
+	if f.ts {
+		opts = tsOption(opts, f.tsNow(), f.tsRecent)
+	}
+	n := f.w.build(f.buf, f.sndNxt, f.rcvNxt, flags|tcpACK, f.window(), opts, payload)
+	f.emit(f.buf[:n])
+	f.ackHeld = false
+}
+
+// sendAck sends a pure ACK now.
+func (f *xlFlow) sendAck() { f.send(0, nil) }
+
+// input handles one segment from the client; it reports false once the
+// flow has ended.
+func (f *xlFlow) input(s clientSeg) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.state == xlClosed {
+		return false
+	}
+	if s.flags&tcpRST != 0 {
+		// RFC 5961 3.2: only the exact next sequence number resets; one
+		// elsewhere in the window draws a challenge ACK.
+		if s.seq == f.rcvNxt || (f.state == xlSynRcvd && s.seq == f.irs+1) {
+			f.close(false)
+			return false
+		}
+		f.sendAck()
+		return true
+	}
+	if s.flags&tcpSYN != 0 {
+		if f.state == xlSynRcvd && s.seq == f.irs {
+			f.sendSynAck() // the client did not get ours
+		} else {
+			f.sendAck() // RFC 5961 4.2: a challenge ACK
+		}
+		return true
+	}
+	if s.flags&tcpACK == 0 {
+		return true // RFC 9293 3.10.7.4: dropped
+	}
+	if f.ts && s.ts && int32(s.tsVal-f.tsRecent) >= 0 && int32(s.seq-f.rcvNxt) <= 0 {
+		f.tsRecent = s.tsVal // RFC 7323 4.3
+	}
+	if f.state == xlSynRcvd {
+		if s.ack != f.iss+1 {
+			f.sendAck()
+			return true
+		}
+		f.state = xlEstablished
+		f.sndUna = s.ack
+		f.rtoArmed = false
+	}
+	f.ackInput(s)
+	f.dataInput(s)
+	if f.state == xlClosed {
+		return false
+	}
+	f.pump()
+	return f.state != xlClosed
+}
+
+// ackInput processes the client's acknowledgment and window (step 2).
+func (f *xlFlow) ackInput(s clientSeg) {
+	wnd := uint32(s.wnd) << f.sndShift
+	switch d := int32(s.ack - f.sndUna); {
+	case d > 0 && int32(f.sndNxt-s.ack) >= 0:
+		n := int(d)
+		if f.finSent && s.ack == f.sndNxt {
+			n-- // the FIN's own number
+		}
+		if n > 0 {
+			if err := f.sock.discard(n); err != nil {
+				f.close(true)
+				return
+			}
+		}
+		f.sndUna = s.ack
+		f.dupAcks, f.backoff = 0, 0
+		f.rtoArmed = f.sndUna != f.sndNxt
+		f.maybeDone()
+	case d == 0 && len(s.payload) == 0 && s.flags&tcpFIN == 0 && wnd == f.sndWnd && f.sndNxt != f.sndUna:
+		if f.dupAcks++; f.dupAcks == dupAckThresh {
+			f.rewind() // RFC 5681 3.2: fast retransmit
+		}
+	}
+	f.sndWnd = wnd
+}
+
+// dataInput writes the client's payload to the socket and takes its FIN
+// (steps 1 and 3).
+func (f *xlFlow) dataInput(s clientSeg) {
+	if len(s.payload) == 0 && s.flags&tcpFIN == 0 {
+		return
+	}
+	if s.seq != f.rcvNxt || f.finIn {
+		f.sendAck() // out of order, or sent again: a duplicate ACK
+		return
+	}
+	if len(s.payload) > 0 {
+		if f.sockFull {
+			f.sendAck() // the window was 0: nothing taken
+			return
+		}
+		n, err := f.sock.write(s.payload)
+		f.rcvNxt += uint32(n)
+		if err != nil {
+			f.close(true)
+			return
+		}
+		if n < len(s.payload) {
+			f.sockFull = true
+			f.sendAck() // the window is 0 now
+			return
+		}
+		f.ackHeld = true
+	}
+	if s.flags&tcpFIN != 0 {
+		f.finIn = true
+		f.rcvNxt++
+		_ = f.sock.shutdownWrite()
+		f.sendAck()
+		f.maybeDone()
+	}
+}
+
+// pump sends what the socket holds and the client's window takes.
+func (f *xlFlow) pump() {
+	for f.state == xlEstablished && !f.finSent {
+		room := int(int32(f.sndUna + f.sndWnd - f.sndNxt))
+		if room <= 0 {
+			if f.sndWnd == 0 && f.sndUna == f.sndNxt {
+				f.rtoArmed = true // a persist probe (onRTO)
+			}
+			return
+		}
+		n := min(room, f.mss, len(f.peekBuf))
+		r, err := f.sock.peek(f.peekBuf[:n])
+		switch {
+		case errors.Is(err, errSocketEmpty):
+			return
+		case err != nil:
+			f.close(true)
+			return
+		case r == 0: // EOF, every byte before it sent
+			f.send(tcpFIN, nil)
+			f.sndNxt++
+			f.finSent = true
+			f.rtoArmed = true
+			f.maybeDone()
+			return
+		}
+		f.send(0x08, f.peekBuf[:r]) // PSH
+		f.sndNxt += uint32(r)
+		f.rtoArmed = true
+		// A short peek does not end the loop: the endpoint's FIN may have
+		// come with the bytes, and no readiness would follow it.
+	}
+}
+
+// rewind goes back to the acknowledged point and sends again from there.
+func (f *xlFlow) rewind() {
+	if err := f.sock.setPeekOffset(0); err != nil {
+		f.close(true)
+		return
+	}
+	f.sndNxt = f.sndUna
+	f.finSent = false
+	f.pump()
+}
+
+// onRTO is the owner's retransmission (or persist) timer firing.
+func (f *xlFlow) onRTO() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.state == xlClosed || !f.rtoArmed {
+		return f.state != xlClosed
+	}
+	if f.backoff++; f.backoff > xlMaxBackoff {
+		f.close(true)
+		return false
+	}
+	switch {
+	case f.state == xlSynRcvd:
+		f.sendSynAck()
+	case f.sndUna != f.sndNxt:
+		f.rewind()
+	case f.sndWnd == 0:
+		// A window probe: an old sequence number draws an ACK with the
+		// client's window (as Linux's tcp_xmit_probe_skb).
+		f.sndNxt--
+		f.sendAck()
+		f.sndNxt++
+	default:
+		f.rtoArmed = false
+	}
+	return f.state != xlClosed
+}
+
+// rtoDelay is how long the owner arms the timer for.
+func (f *xlFlow) rtoDelay() time.Duration { return xlRTO << min(f.backoff, xlMaxBackoff) }
+
+// flushAck sends the held ACK, if the flow still holds one.
+func (f *xlFlow) flushAck() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ackHeld && f.state != xlClosed {
+		f.sendAck()
+	}
+}
+
+// readable is the owner's report that the socket has more to read.
+func (f *xlFlow) readable() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pump()
+}
+
+// writable is the owner's report that a full socket takes bytes again:
+// a window update, then duplicate ACKs so the client sends again what the
+// full socket did not take without waiting for its timeout.
+func (f *xlFlow) writable() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.sockFull || f.state == xlClosed {
+		return
+	}
+	f.sockFull = false
+	for range 1 + dupAckThresh {
+		f.sendAck()
+	}
+}
+
+// maybeDone ends the flow once both FINs are through and ours is
+// acknowledged.
+func (f *xlFlow) maybeDone() {
+	if f.finIn && f.finSent && f.sndUna == f.sndNxt {
+		f.state = xlClosed
+		f.rtoArmed = false
+	}
+}
+
+// close ends the flow; reset sends the client a RST and aborts the socket.
+func (f *xlFlow) close(reset bool) {
+	if f.state == xlClosed {
+		return
+	}
+	if reset {
+		n := f.w.build(f.buf, f.sndNxt, f.rcvNxt, tcpRST|tcpACK, 0, nil, nil)
+		f.emit(f.buf[:n])
+	}
+	f.sock.abort()
+	f.state = xlClosed
+	f.rtoArmed = false
+}

@@ -1,0 +1,293 @@
+package netstack
+
+import (
+	"bytes"
+	"testing"
+	"time"
+)
+
+// fakeSocket is an endpoint socket in memory: write takes up to room
+// bytes (room < 0: all); the endpoint's bytes wait in queue, peeked from
+// peekOff as the kernel's SO_PEEK_OFF does.
+type fakeSocket struct {
+	written  []byte
+	room     int
+	queue    []byte
+	peekOff  int
+	eof      bool
+	shutdown bool
+	aborted  bool
+}
+
+func (s *fakeSocket) write(b []byte) (int, error) {
+	n := len(b)
+	if s.room >= 0 {
+		n = min(n, s.room)
+		s.room -= n
+	}
+	s.written = append(s.written, b[:n]...)
+	return n, nil
+}
+
+func (s *fakeSocket) peek(b []byte) (int, error) {
+	if s.peekOff >= len(s.queue) {
+		if s.eof {
+			return 0, nil
+		}
+		return 0, errSocketEmpty
+	}
+	n := copy(b, s.queue[s.peekOff:])
+	s.peekOff += n
+	return n, nil
+}
+
+func (s *fakeSocket) discard(n int) error {
+	s.queue = s.queue[n:]
+	s.peekOff = max(0, s.peekOff-n)
+	return nil
+}
+
+func (s *fakeSocket) setPeekOffset(n int) error { s.peekOff = n; return nil }
+func (s *fakeSocket) shutdownWrite() error      { s.shutdown = true; return nil }
+func (s *fakeSocket) abort()                    { s.aborted = true }
+
+// xlHarness drives one flow as its client: it sends segments and reads
+// what the flow emitted.
+type xlHarness struct {
+	t    *testing.T
+	sock *fakeSocket
+	f    *xlFlow
+	out  []clientSeg
+	now  time.Time
+	seq  uint32 // the client's next sequence number
+}
+
+const (
+	testISS = 1000
+	testIRS = 5000
+)
+
+func newXLHarness(t *testing.T, syn clientSeg) *xlHarness {
+	h := &xlHarness{t: t, sock: &fakeSocket{room: -1}, now: time.Unix(1000, 0), seq: testIRS + 1}
+	syn.seq, syn.flags = testIRS, tcpSYN
+	h.f = newXLFlow(xlConfig{
+		sock: h.sock, w: *testSegWriter(t, "10.96.0.10:80", "10.0.0.7:40000"), emit: h.emit,
+		now: func() time.Time { return h.now }, iss: testISS, tsBase: 7000, rcvWnd: 1 << 20, rcvShift: 7, linkMSS: 65000,
+	}, syn)
+	return h
+}
+
+func (h *xlHarness) emit(p []byte) {
+	s, ok := parseClientSeg(p)
+	if !ok {
+		h.t.Fatalf("the flow emitted what is not a TCP segment: %x", p)
+	}
+	s.payload = append([]byte(nil), s.payload...)
+	h.out = append(h.out, s)
+}
+
+// take returns what the flow emitted since the last call.
+func (h *xlHarness) take() []clientSeg {
+	out := h.out
+	h.out = nil
+	return out
+}
+
+// segment sends the client's segment with the ACK of ack and window wnd.
+func (h *xlHarness) segment(flags byte, ack uint32, wnd uint16, payload string) bool {
+	s := clientSeg{seq: h.seq, ack: ack, flags: flags | tcpACK, wnd: wnd, payload: []byte(payload), ws: -1}
+	h.seq += uint32(len(payload))
+	if flags&tcpFIN != 0 {
+		h.seq++
+	}
+	return h.f.input(s)
+}
+
+func (h *xlHarness) established(wnd uint16) {
+	h.t.Helper()
+	synAck := h.take()
+	if len(synAck) != 1 || synAck[0].flags != tcpSYN|tcpACK || synAck[0].seq != testISS || synAck[0].ack != testIRS+1 {
+		h.t.Fatalf("SYN-ACK: %+v", synAck)
+	}
+	h.segment(0, testISS+1, wnd, "")
+	if out := h.take(); len(out) != 0 {
+		h.t.Fatalf("the handshake's ACK drew %+v", out)
+	}
+	if h.f.state != xlEstablished {
+		h.t.Fatalf("state %d after the handshake", h.f.state)
+	}
+}
+
+// TestXLFlowExchange: the handshake's options, a request written to the
+// socket with its ACK held, the answer carrying that ACK, the client's ACK
+// discarding what it covers.
+func TestXLFlowExchange(t *testing.T) {
+	h := newXLHarness(t, clientSeg{mss: 1460, ws: 7, ts: true, tsVal: 42, wnd: 64240})
+	synAck := h.out[0]
+	if synAck.mss != 1460 || synAck.ws != 7 || !synAck.ts || synAck.tsEcr != 42 || synAck.tsVal != 7000 {
+		t.Fatalf("SYN-ACK options: %+v", synAck)
+	}
+	h.established(502) // x 128
+
+	h.segment(0x08, testISS+1, 502, "ping")
+	if !bytes.Equal(h.sock.written, []byte("ping")) {
+		t.Fatalf("socket got %q", h.sock.written)
+	}
+	if out := h.take(); len(out) != 0 || !h.f.ackHeld {
+		t.Fatalf("request drew %+v, ack held %v", out, h.f.ackHeld)
+	}
+
+	h.sock.queue = []byte("pong")
+	h.now = h.now.Add(5 * time.Millisecond)
+	h.f.readable()
+	out := h.take()
+	if len(out) != 1 || string(out[0].payload) != "pong" || out[0].seq != testISS+1 || out[0].ack != testIRS+1+4 {
+		t.Fatalf("answer: %+v", out)
+	}
+	if !out[0].ts || out[0].tsVal != 7005 || out[0].wnd != (1<<20)>>7 {
+		t.Errorf("answer's timestamps and window: %+v", out[0])
+	}
+	if h.f.ackHeld || !h.f.rtoArmed {
+		t.Errorf("after the answer: ack held %v, RTO armed %v", h.f.ackHeld, h.f.rtoArmed)
+	}
+
+	h.segment(0, testISS+1+4, 502, "")
+	if len(h.sock.queue) != 0 || h.f.rtoArmed || len(h.take()) != 0 {
+		t.Errorf("after the client's ACK: queue %q, RTO armed %v", h.sock.queue, h.f.rtoArmed)
+	}
+}
+
+// TestXLFlowFullSocket: a short write acknowledges what the socket took and
+// closes the window; the socket draining opens it with three duplicate ACKs
+// after the update, and the client's bytes sent again are taken.
+func TestXLFlowFullSocket(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+	h.established(65535)
+	h.sock.room = 3
+	h.segment(0, testISS+1, 65535, "hello")
+	out := h.take()
+	if string(h.sock.written) != "hel" || len(out) != 1 || out[0].ack != testIRS+1+3 || out[0].wnd != 0 {
+		t.Fatalf("short write: socket %q, sent %+v", h.sock.written, out)
+	}
+	h.seq = testIRS + 1 + 3 // the client goes back to what was not taken
+	h.f.writable()
+	out = h.take()
+	if len(out) != 1+dupAckThresh {
+		t.Fatalf("writable sent %d segments, want %d", len(out), 1+dupAckThresh)
+	}
+	for _, s := range out {
+		if s.ack != testIRS+1+3 || s.wnd == 0 || len(s.payload) != 0 {
+			t.Errorf("window update %+v", s)
+		}
+	}
+	h.sock.room = -1
+	h.segment(0, testISS+1, 65535, "lo")
+	if string(h.sock.written) != "hello" {
+		t.Errorf("socket got %q", h.sock.written)
+	}
+}
+
+// TestXLFlowOutOfOrder: a segment past a gap is not written, and draws a
+// duplicate ACK at once.
+func TestXLFlowOutOfOrder(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+	h.established(65535)
+	h.seq += 10
+	h.segment(0, testISS+1, 65535, "late")
+	out := h.take()
+	if len(h.sock.written) != 0 || len(out) != 1 || out[0].ack != testIRS+1 {
+		t.Fatalf("socket %q, sent %+v", h.sock.written, out)
+	}
+}
+
+// TestXLFlowWindowAndRetransmission: sending stops at the client's window
+// and goes on when it opens; a timeout sends again from the acknowledged
+// point; three duplicate ACKs do too; the timeouts end in a reset.
+func TestXLFlowWindowAndRetransmission(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+	h.established(4)
+	h.sock.queue = []byte("abcdefgh")
+	h.f.readable()
+	if out := h.take(); len(out) != 1 || string(out[0].payload) != "abcd" {
+		t.Fatalf("in a window of 4: %+v", out)
+	}
+	h.segment(0, testISS+1+4, 4, "")
+	out := h.take()
+	if len(out) != 1 || string(out[0].payload) != "efgh" || out[0].seq != testISS+1+4 || string(h.sock.queue) != "efgh" {
+		t.Fatalf("after the ACK: %+v, queue %q", out, h.sock.queue)
+	}
+	if !h.f.onRTO() {
+		t.Fatal("the flow ended at the first timeout")
+	}
+	if out := h.take(); len(out) != 1 || string(out[0].payload) != "efgh" || out[0].seq != testISS+1+4 {
+		t.Fatalf("after a timeout: %+v", out)
+	}
+	if h.f.rtoDelay() != 2*xlRTO {
+		t.Errorf("backed off to %v", h.f.rtoDelay())
+	}
+
+	h.segment(0, testISS+1+8, 2, "") // all acknowledged; the window shrinks to 2
+	h.sock.queue = append(h.sock.queue, "ijkl"...)
+	h.f.readable()
+	if out := h.take(); len(out) != 1 || string(out[0].payload) != "ij" {
+		t.Fatalf("in a window of 2: %+v", out)
+	}
+	for range dupAckThresh {
+		h.segment(0, testISS+1+8, 2, "")
+	}
+	if out := h.take(); len(out) != 1 || string(out[0].payload) != "ij" || out[0].seq != testISS+1+8 {
+		t.Fatalf("after %d duplicate ACKs: %+v", dupAckThresh, out)
+	}
+
+	for i := 0; h.f.onRTO(); i++ {
+		if i > xlMaxBackoff {
+			t.Fatal("the timeouts never end the flow")
+		}
+	}
+	out = h.take()
+	if last := out[len(out)-1]; last.flags&tcpRST == 0 || !h.sock.aborted {
+		t.Errorf("given up: last segment %+v, socket aborted %v", last, h.sock.aborted)
+	}
+}
+
+// TestXLFlowEnd: the client's FIN half-closes the socket; the socket's EOF
+// becomes our FIN after the bytes before it; its ACK ends the flow.
+func TestXLFlowEnd(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+	h.established(65535)
+	h.segment(tcpFIN, testISS+1, 65535, "bye")
+	out := h.take()
+	if !h.sock.shutdown || string(h.sock.written) != "bye" || len(out) != 1 || out[0].ack != testIRS+1+3+1 {
+		t.Fatalf("client's FIN: shutdown %v, socket %q, sent %+v", h.sock.shutdown, h.sock.written, out)
+	}
+	h.sock.queue, h.sock.eof = []byte("ok"), true
+	h.f.readable()
+	out = h.take()
+	if len(out) != 2 || string(out[0].payload) != "ok" || out[1].flags&tcpFIN == 0 || out[1].seq != testISS+1+2 {
+		t.Fatalf("EOF: %+v", out)
+	}
+	if h.segment(0, testISS+1+2+1, 65535, "") {
+		t.Error("the flow goes on after both FINs were acknowledged")
+	}
+	if h.sock.aborted {
+		t.Error("an orderly end aborted the socket")
+	}
+}
+
+// TestXLFlowReset: a RST at the next sequence number ends the flow; one
+// elsewhere draws a challenge ACK (RFC 5961 3.2).
+func TestXLFlowReset(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+	h.established(65535)
+	h.seq += 100
+	if !h.segment(tcpRST, 0, 0, "") {
+		t.Fatal("an out-of-window RST ended the flow")
+	}
+	if out := h.take(); len(out) != 1 || out[0].flags&tcpRST != 0 || out[0].ack != testIRS+1 {
+		t.Fatalf("challenge: %+v", out)
+	}
+	h.seq = testIRS + 1
+	if h.segment(tcpRST, 0, 0, "") || !h.sock.aborted {
+		t.Fatalf("an exact RST: socket aborted %v", h.sock.aborted)
+	}
+}

@@ -104,6 +104,7 @@ type gate struct {
 	bypass   *udpBypass
 	resets   *resetting
 	synAcks  *synAckWrites
+	xl       *translator            // the link's gate, when the stack translates TCP (translate.go)
 	acks     *ackHolder             // the link's gate only (ackhold.go)
 	defrag   *conntrack.Reassembler // set by the Stack before the NIC is created
 	// bytesOut is child as a bytesWriter, if it is one (the Linux TUN):
@@ -220,9 +221,20 @@ func (g *gate) deliver(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffe
 			return
 		}
 		g.counters.accepted.Add(1)
+		if g.xl != nil && res.Tuple.Proto() == conntrack.TCP && g.xl.syn(g, res.Tuple, proto, b) {
+			return
+		}
 	case conntrack.Established:
 		if res.Tuple.Proto() == conntrack.UDP && g.bypass.take(res.Tuple, b) {
 			return
+		}
+		if g.xl != nil && res.Tuple.Proto() == conntrack.TCP {
+			if t, ok := g.xl.lookup(res.Tuple); ok {
+				if t != nil {
+					t.input(b)
+				}
+				return // a request's retransmitted SYN, or an ended flow's late segment
+			}
 		}
 		if res.Tuple.Proto() == conntrack.TCP && g.synAcks != nil {
 			g.synAcks.wait(res.Tuple) // synack.go
@@ -417,6 +429,25 @@ func (g *gate) writeOwnBytes(b []byte) tcpip.Error {
 		return nil // dropped, as WritePackets reports a dropped packet
 	}
 	return g.bytesOut.WriteBytes(b)
+}
+
+// writeOwnSegment is writeOwn for a TCP segment the translator built whole
+// in b (translate.go): through bytesOut where the link has it, else in a
+// PacketBuffer. Failures are counted as the link's write errors.
+func (g *gate) writeOwnSegment(b []byte, proto tcpip.NetworkProtocolNumber) {
+	var err tcpip.Error
+	if g.bytesOut != nil {
+		err = g.writeOwnBytes(b)
+	} else {
+		pkt := newPacket(b, proto)
+		var pl stack.PacketBufferList
+		pl.PushBack(pkt)
+		_, err = g.writeOwn(pl)
+		pl.DecRef()
+	}
+	if err != nil {
+		g.counters.outboundWriteError.Add(1)
+	}
 }
 
 // classifyOut classifies a packet on its way out from head (its headers, or

@@ -76,6 +76,9 @@ type Options struct {
 	// rejected flows (the kernel's icmp_msgs_per_sec and icmp_msgs_burst);
 	// 0 means 1000 and 50.
 	ICMPPerSecond, ICMPBurst int
+	// TranslateTCP carries TCP flows without gVisor when the flow handler
+	// is a TranslatedHandler (translate.go).
+	TranslateTCP bool
 	// HandshakeTimeout bounds how long a client may take to complete its
 	// handshake, counted from its SYN: the endpoint dial runs within it,
 	// and the client's ACK of our SYN-ACK must come before it ends; then
@@ -112,6 +115,7 @@ type Stack struct {
 	resets      resetting
 	synAcks     synAckWrites
 	acks        ackHolder // the link gate's (ackhold.go)
+	xl          translator
 
 	mu        sync.Mutex
 	closed    bool
@@ -207,6 +211,10 @@ func (st *Stack) build(opts Options) error {
 		}
 	}, ackHold, time.Now)
 	lg.acks = &st.acks
+	if opts.TranslateTCP {
+		st.xl = translator{st: st, perAddr: make(map[netip.Addr]int)}
+		lg.xl = &st.xl // translate.go
+	}
 	st.gates[inProcNIC] = newGate(ours, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)
 	for _, g := range st.gates {
 		g.defrag = opts.Reassembler

@@ -29,25 +29,26 @@ import (
 	"time"
 )
 
-// endpointSocket is what a flow does with its endpoint socket: a host TCP
-// socket with SO_PEEK_OFF enabled; a fake in tests.
-type endpointSocket interface {
-	// write writes b without blocking: a short count when the socket is full.
-	write(b []byte) (int, error)
-	// peek reads from the peek offset without consuming, advancing the
-	// offset: 0, nil at EOF; errSocketEmpty when nothing is queued there.
-	peek(b []byte) (int, error)
-	// discard drops n bytes from the queue's head; the peek offset moves
+// EndpointSocket is what a flow does with its endpoint socket: a host TCP
+// socket with SO_PEEK_OFF enabled (the proxy's); a fake in tests.
+type EndpointSocket interface {
+	// Write writes b without blocking: a short count when the socket is full.
+	Write(b []byte) (int, error)
+	// Peek reads from the peek offset without consuming, advancing the
+	// offset: 0, nil at EOF; ErrSocketEmpty when nothing is queued there.
+	Peek(b []byte) (int, error)
+	// Discard drops n bytes from the queue's head; the peek offset moves
 	// back by n.
-	discard(n int) error
-	// setPeekOffset sets the peek offset, counted from the queue's head.
-	setPeekOffset(n int) error
-	shutdownWrite() error
-	// abort closes the socket with a RST.
-	abort()
+	Discard(n int) error
+	// SetPeekOffset sets the peek offset, counted from the queue's head.
+	SetPeekOffset(n int) error
+	ShutdownWrite() error
+	// Abort closes the socket with a RST.
+	Abort()
 }
 
-var errSocketEmpty = errors.New("netstack: endpoint socket has nothing queued")
+// ErrSocketEmpty is EndpointSocket.Peek's EAGAIN.
+var ErrSocketEmpty = errors.New("netstack: endpoint socket has nothing queued")
 
 type xlState int
 
@@ -69,12 +70,10 @@ const (
 
 type xlFlow struct {
 	mu      sync.Mutex
-	sock    endpointSocket
+	sock    EndpointSocket
 	w       segWriter
 	emit    func(p []byte) // writes a segment the flow built to the link
 	now     func() time.Time
-	buf     []byte // a segment is built here
-	peekBuf []byte
 
 	state xlState
 
@@ -94,11 +93,14 @@ type xlFlow struct {
 	sndWnd   uint32 // bytes the client takes past sndUna
 	sndShift uint8
 	peerWS   int // the SYN's window scale option, -1 for none
-	mss      int
+	mss      int // the MSS: the SYN-ACK's, and the client's limit
+	sendMSS  int // the payload of a full segment of ours, options taken off
+	unacked  int // bytes received since our last ACK
 	dupAcks  int
 	finSent  bool // our FIN is sndNxt-1
 	rtoArmed bool
 	backoff  int
+	progress time.Time // the last ACK that moved sndUna, or the first send after an idle spell
 
 	// Timestamps (RFC 7323), when the client offered them.
 	ts       bool
@@ -109,7 +111,7 @@ type xlFlow struct {
 
 // xlConfig is what a flow starts from.
 type xlConfig struct {
-	sock     endpointSocket
+	sock     EndpointSocket
 	w        segWriter
 	emit     func([]byte)
 	now      func() time.Time
@@ -124,7 +126,6 @@ type xlConfig struct {
 func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 	f := &xlFlow{
 		sock: cfg.sock, w: cfg.w, emit: cfg.emit, now: cfg.now,
-		buf: make([]byte, maxPacket), peekBuf: make([]byte, maxPacket-100),
 		irs: syn.seq, rcvNxt: syn.seq + 1, rcvWnd: cfg.rcvWnd,
 		iss: cfg.iss, sndUna: cfg.iss, sndNxt: cfg.iss + 1, sndWnd: uint32(syn.wnd),
 		ts: syn.ts, tsRecent: syn.tsVal, tsBase: cfg.tsBase, t0: cfg.now(), peerWS: syn.ws,
@@ -132,6 +133,10 @@ func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 	f.mss = int(cfg.linkMSS)
 	if syn.mss != 0 && int(syn.mss) < f.mss {
 		f.mss = int(syn.mss)
+	}
+	f.sendMSS = f.mss
+	if syn.ts {
+		f.sendMSS -= 12 // the MSS counts no options (RFC 6691): ours carry timestamps
 	}
 	if syn.ws >= 0 {
 		f.sndShift, f.rcvShift = uint8(syn.ws), cfg.rcvShift
@@ -143,8 +148,7 @@ func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 func (f *xlFlow) sendSynAck() {
 	wnd := min(f.rcvWnd, 0xffff) // a SYN's window is never scaled (RFC 7323 2.2)
 	opts := synAckOptions(nil, clientSeg{ws: f.peerWS, ts: f.ts, tsVal: f.tsRecent}, uint16(f.mss), f.rcvShift, f.tsNow())
-	n := f.w.build(f.buf, f.iss, f.rcvNxt, tcpSYN|tcpACK, uint16(wnd), opts, nil)
-	f.emit(f.buf[:n])
+	f.build(f.iss, tcpSYN|tcpACK, uint16(wnd), opts, nil)
 	f.rtoArmed = true
 }
 
@@ -168,9 +172,17 @@ func (f *xlFlow) send(flags byte, payload []byte) {
 	if f.ts {
 		opts = tsOption(opts, f.tsNow(), f.tsRecent)
 	}
-	n := f.w.build(f.buf, f.sndNxt, f.rcvNxt, flags|tcpACK, f.window(), opts, payload)
-	f.emit(f.buf[:n])
+	f.build(f.sndNxt, flags|tcpACK, f.window(), opts, payload)
 	f.ackHeld = false
+	f.unacked = 0
+}
+
+// build builds a segment in a pooled buffer and emits it.
+func (f *xlFlow) build(seq uint32, flags byte, wnd uint16, opts, payload []byte) {
+	bp := packetPool.Get().(*[]byte)
+	n := f.w.build(*bp, seq, f.rcvNxt, flags, wnd, opts, payload)
+	f.emit((*bp)[:n])
+	packetPool.Put(bp)
 }
 
 // sendAck sends a pure ACK now.
@@ -236,12 +248,13 @@ func (f *xlFlow) ackInput(s clientSeg) {
 			n-- // the FIN's own number
 		}
 		if n > 0 {
-			if err := f.sock.discard(n); err != nil {
+			if err := f.sock.Discard(n); err != nil {
 				f.close(true)
 				return
 			}
 		}
 		f.sndUna = s.ack
+		f.progress = f.now()
 		f.dupAcks, f.backoff = 0, 0
 		f.rtoArmed = f.sndUna != f.sndNxt
 		f.maybeDone()
@@ -268,7 +281,7 @@ func (f *xlFlow) dataInput(s clientSeg) {
 			f.sendAck() // the window was 0: nothing taken
 			return
 		}
-		n, err := f.sock.write(s.payload)
+		n, err := f.sock.Write(s.payload)
 		f.rcvNxt += uint32(n)
 		if err != nil {
 			f.close(true)
@@ -279,12 +292,18 @@ func (f *xlFlow) dataInput(s clientSeg) {
 			f.sendAck() // the window is 0 now
 			return
 		}
-		f.ackHeld = true
+		// At least every second full-sized segment is acknowledged at
+		// once (RFC 5681 4.2); the rest waits for an answer to carry it.
+		if f.unacked += n; f.unacked >= 2*f.mss {
+			f.sendAck()
+		} else {
+			f.ackHeld = true
+		}
 	}
 	if s.flags&tcpFIN != 0 {
 		f.finIn = true
 		f.rcvNxt++
-		_ = f.sock.shutdownWrite()
+		_ = f.sock.ShutdownWrite()
 		f.sendAck()
 		f.maybeDone()
 	}
@@ -292,6 +311,12 @@ func (f *xlFlow) dataInput(s clientSeg) {
 
 // pump sends what the socket holds and the client's window takes.
 func (f *xlFlow) pump() {
+	var bp *[]byte
+	defer func() {
+		if bp != nil {
+			packetPool.Put(bp)
+		}
+	}()
 	for f.state == xlEstablished && !f.finSent {
 		room := int(int32(f.sndUna + f.sndWnd - f.sndNxt))
 		if room <= 0 {
@@ -300,10 +325,14 @@ func (f *xlFlow) pump() {
 			}
 			return
 		}
-		n := min(room, f.mss, len(f.peekBuf))
-		r, err := f.sock.peek(f.peekBuf[:n])
+		if bp == nil {
+			bp = packetPool.Get().(*[]byte)
+		}
+		peekBuf := (*bp)[:maxPacket-100] // room for the headers when the segment is built
+		n := min(room, f.sendMSS, len(peekBuf))
+		r, err := f.sock.Peek(peekBuf[:n])
 		switch {
-		case errors.Is(err, errSocketEmpty):
+		case errors.Is(err, ErrSocketEmpty):
 			return
 		case err != nil:
 			f.close(true)
@@ -316,7 +345,10 @@ func (f *xlFlow) pump() {
 			f.maybeDone()
 			return
 		}
-		f.send(0x08, f.peekBuf[:r]) // PSH
+		if f.sndUna == f.sndNxt {
+			f.progress = f.now() // a new flight
+		}
+		f.send(0x08, peekBuf[:r]) // PSH
 		f.sndNxt += uint32(r)
 		f.rtoArmed = true
 		// A short peek does not end the loop: the endpoint's FIN may have
@@ -326,7 +358,7 @@ func (f *xlFlow) pump() {
 
 // rewind goes back to the acknowledged point and sends again from there.
 func (f *xlFlow) rewind() {
-	if err := f.sock.setPeekOffset(0); err != nil {
+	if err := f.sock.SetPeekOffset(0); err != nil {
 		f.close(true)
 		return
 	}
@@ -341,6 +373,9 @@ func (f *xlFlow) onRTO() bool {
 	defer f.mu.Unlock()
 	if f.state == xlClosed || !f.rtoArmed {
 		return f.state != xlClosed
+	}
+	if f.state == xlEstablished && f.now().Sub(f.progress) < f.rtoDelay() {
+		return true // armed once per flight: the flight moved since; armed again
 	}
 	if f.backoff++; f.backoff > xlMaxBackoff {
 		f.close(true)
@@ -412,10 +447,9 @@ func (f *xlFlow) close(reset bool) {
 		return
 	}
 	if reset {
-		n := f.w.build(f.buf, f.sndNxt, f.rcvNxt, tcpRST|tcpACK, 0, nil, nil)
-		f.emit(f.buf[:n])
+		f.build(f.sndNxt, tcpRST|tcpACK, 0, nil, nil)
 	}
-	f.sock.abort()
+	f.sock.Abort()
 	f.state = xlClosed
 	f.rtoArmed = false
 }

@@ -19,7 +19,7 @@ type fakeSocket struct {
 	aborted  bool
 }
 
-func (s *fakeSocket) write(b []byte) (int, error) {
+func (s *fakeSocket) Write(b []byte) (int, error) {
 	n := len(b)
 	if s.room >= 0 {
 		n = min(n, s.room)
@@ -29,27 +29,27 @@ func (s *fakeSocket) write(b []byte) (int, error) {
 	return n, nil
 }
 
-func (s *fakeSocket) peek(b []byte) (int, error) {
+func (s *fakeSocket) Peek(b []byte) (int, error) {
 	if s.peekOff >= len(s.queue) {
 		if s.eof {
 			return 0, nil
 		}
-		return 0, errSocketEmpty
+		return 0, ErrSocketEmpty
 	}
 	n := copy(b, s.queue[s.peekOff:])
 	s.peekOff += n
 	return n, nil
 }
 
-func (s *fakeSocket) discard(n int) error {
+func (s *fakeSocket) Discard(n int) error {
 	s.queue = s.queue[n:]
 	s.peekOff = max(0, s.peekOff-n)
 	return nil
 }
 
-func (s *fakeSocket) setPeekOffset(n int) error { s.peekOff = n; return nil }
-func (s *fakeSocket) shutdownWrite() error      { s.shutdown = true; return nil }
-func (s *fakeSocket) abort()                    { s.aborted = true }
+func (s *fakeSocket) SetPeekOffset(n int) error { s.peekOff = n; return nil }
+func (s *fakeSocket) ShutdownWrite() error      { s.shutdown = true; return nil }
+func (s *fakeSocket) Abort()                    { s.aborted = true }
 
 // xlHarness drives one flow as its client: it sends segments and reads
 // what the flow emitted.
@@ -216,6 +216,7 @@ func TestXLFlowWindowAndRetransmission(t *testing.T) {
 	if len(out) != 1 || string(out[0].payload) != "efgh" || out[0].seq != testISS+1+4 || string(h.sock.queue) != "efgh" {
 		t.Fatalf("after the ACK: %+v, queue %q", out, h.sock.queue)
 	}
+	h.now = h.now.Add(xlRTO)
 	if !h.f.onRTO() {
 		t.Fatal("the flow ended at the first timeout")
 	}
@@ -239,7 +240,11 @@ func TestXLFlowWindowAndRetransmission(t *testing.T) {
 		t.Fatalf("after %d duplicate ACKs: %+v", dupAckThresh, out)
 	}
 
-	for i := 0; h.f.onRTO(); i++ {
+	for i := 0; ; i++ {
+		h.now = h.now.Add(h.f.rtoDelay())
+		if !h.f.onRTO() {
+			break
+		}
 		if i > xlMaxBackoff {
 			t.Fatal("the timeouts never end the flow")
 		}

@@ -29,6 +29,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -37,10 +38,12 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/userproxy/userproxy/internal/rawio"
+	"github.com/userproxy/userproxy/netstack"
 )
 
 // hostConn is a TCP connection dialled by dialHost. Besides net.Conn it
@@ -428,3 +431,71 @@ func (c *hostConn) SetReadDeadline(t time.Time) error { return c.file().SetReadD
 
 // SetWriteDeadline implements net.Conn.
 func (c *hostConn) SetWriteDeadline(t time.Time) error { return c.file().SetWriteDeadline(t) }
+
+// xlWindow is the window a translated flow offers while its socket takes
+// everything: 4 MiB, the kernel's largest send buffer by default
+// (net.ipv4.tcp_wmem) and gVisor's largest receive buffer here (stack.go).
+const xlWindow = 4 << 20
+
+// translatable readies the connection for the translator
+// (netstack/translate.go): peeks from an offset (SO_PEEK_OFF), and returns
+// it as the translator's socket, with its send buffer as the window to
+// offer.
+func (c *hostConn) translatable() (netstack.EndpointSocket, uint32, error) {
+	if err := unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_PEEK_OFF, 0); err != nil {
+		return nil, 0, fmt.Errorf("SO_PEEK_OFF: %w", err)
+	}
+	c.file() // into the poller: the owner waits on its RawConn
+	return xlSocket{c}, xlWindow, nil
+}
+
+// xlSocket is a hostConn as the translator's EndpointSocket: raw,
+// non-blocking calls on its descriptor.
+type xlSocket struct{ c *hostConn }
+
+func (s xlSocket) Write(b []byte) (int, error) {
+	n, errno := rawio.Write(uintptr(s.c.fd), b)
+	switch errno {
+	case 0:
+		return n, nil
+	case unix.EAGAIN:
+		return 0, nil
+	}
+	return 0, errno
+}
+
+func (s xlSocket) Peek(b []byte) (int, error) {
+	return s.recv(b, len(b), unix.MSG_PEEK)
+}
+
+func (s xlSocket) Discard(n int) error {
+	_, err := s.recv(nil, n, unix.MSG_TRUNC)
+	return err
+}
+
+func (s xlSocket) recv(b []byte, n, flags int) (int, error) {
+	var p unsafe.Pointer
+	if len(b) > 0 {
+		p = unsafe.Pointer(&b[0])
+	}
+	r, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(s.c.fd), uintptr(p), uintptr(n), uintptr(flags|unix.MSG_DONTWAIT), 0, 0)
+	switch errno {
+	case 0:
+		return int(r), nil
+	case unix.EAGAIN:
+		return 0, netstack.ErrSocketEmpty
+	}
+	return 0, errno
+}
+
+func (s xlSocket) SetPeekOffset(n int) error {
+	return unix.SetsockoptInt(s.c.fd, unix.SOL_SOCKET, unix.SO_PEEK_OFF, n)
+}
+
+func (s xlSocket) ShutdownWrite() error { return unix.Shutdown(s.c.fd, unix.SHUT_WR) }
+
+// Abort makes the socket's close send a RST, and its reader return.
+func (s xlSocket) Abort() {
+	_ = s.c.SetLinger(0)
+	_ = unix.Shutdown(s.c.fd, unix.SHUT_RD)
+}

@@ -86,6 +86,7 @@ type runFlags struct {
 	tunnelIdle         time.Duration
 	maxInFlight        int
 	maxInFlightClient  int
+	tcpTranslate       bool
 	maxUDPSessions     int
 	handshakeTimeout   time.Duration
 	profiling          bool
@@ -127,6 +128,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.tunnelIdle, "apiserver-tunnel-idle", 30*time.Second, "how long a pod's tunnel through the API server stays open without flows")
 	fs.IntVar(&f.maxInFlight, "max-inflight", 1024, "TCP handshakes waiting for their endpoint at once; further SYNs are dropped (counted)")
 	fs.IntVar(&f.maxInFlightClient, "max-inflight-per-client", 128, "one client address's share of --max-inflight")
+	fs.BoolVar(&f.tcpTranslate, "experimental-tcp-translate", os.Getenv("USERPROXY_TCP_TRANSLATE") == "1", "carry TCP flows without gVisor, their sequence space following the endpoint sockets' (experimental)")
 	fs.IntVar(&f.maxUDPSessions, "max-udp-sessions", 65536, "concurrent UDP flows; further flows are refused (counted as table_full)")
 	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "time a client has to complete its TCP handshake, from its SYN: the endpoint dial runs within it")
 	fs.BoolVar(&f.profiling, "profiling", false, "serve Go's profiles on the admin server under /debug/pprof/")
@@ -376,7 +378,8 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		defer configureHostDNS(hostDNS{tun: tun.name, ip: f.dns.addr, domain: f.dns.domain, enabled: f.dns.hostConfig}, logger.Named("dns"))()
 	}
 	st, err := netstack.New(netstack.Options{Link: tun.link, Conntrack: ct, Reassembler: defrag, Admit: px.Admit, Logger: logger.Named("netstack"),
-		MaxInFlight: f.maxInFlight, MaxInFlightPerClient: f.maxInFlightClient, HandshakeTimeout: f.handshakeTimeout})
+		MaxInFlight: f.maxInFlight, MaxInFlightPerClient: f.maxInFlightClient, HandshakeTimeout: f.handshakeTimeout,
+		TranslateTCP: f.tcpTranslate})
 	if err != nil {
 		return err
 	}

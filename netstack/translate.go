@@ -1,0 +1,350 @@
+package netstack
+
+// The translator (BRANCH WORK): TCP flows carried without gVisor, their
+// sequence space following the endpoint socket's queues (xlflow.go).
+//
+//  1. The gate hands an admitted SYN to the translator instead of gVisor,
+//     when the stack translates and the segment is one it reads
+//     (parseClientSeg). Bounded as gVisor's handshakes are: MaxInFlight in
+//     all, MaxInFlightPerClient per client address; past that the SYN is
+//     dropped and the client retransmits.
+//  2. The handler (TranslatedHandler) routes and dials, then Accept answers
+//     the SYN (SYN-ACK) with the endpoint socket attached; Refuse answers a
+//     RST; Fallback gives the SYN to gVisor after all (an endpoint that is
+//     not a host socket), whose forwarder then hands it to HandleTCP.
+//  3. The client's later segments go to the flow on the gate's goroutine;
+//     its segments go out through the gate's classification.
+//  4. The flow stays registered, ended or not, until Forget (its conntrack
+//     entry's end), so that late segments of an ended flow are dropped here
+//     rather than answered by gVisor with a RST.
+
+import (
+	"context"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/userproxy/userproxy/conntrack"
+)
+
+// TranslatedHandler receives the TCP flows the translator carries. It
+// must call exactly one of Accept, Refuse or Fallback.
+type TranslatedHandler interface {
+	HandleTranslated(r *TranslateRequest)
+}
+
+type translator struct {
+	st      *Stack
+	n       atomic.Int64 // registered flows and requests: the gate looks only when > 0
+	flows   sync.Map     // conntrack.Tuple -> *xlEntry
+	mu      sync.Mutex
+	pending int
+	perAddr map[netip.Addr]int
+}
+
+// xlEntry is a tuple's registration: a request until Accept, then a flow.
+type xlEntry struct {
+	flow atomic.Pointer[TranslatedFlow] // nil while the request waits
+}
+
+// TranslateRequest is a SYN the translator holds for the handler.
+type TranslateRequest struct {
+	x      *translator
+	g      *gate
+	tuple  conntrack.Tuple
+	syn    clientSeg
+	raw    []byte // the SYN, for Fallback
+	proto  tcpip.NetworkProtocolNumber
+	client netip.AddrPort
+	svc    netip.AddrPort
+	e      *xlEntry
+	once   sync.Once
+}
+
+// Tuple returns the flow's Original-direction tuple.
+func (r *TranslateRequest) Tuple() conntrack.Tuple { return r.tuple }
+
+// Client returns the client's address and port.
+func (r *TranslateRequest) Client() netip.AddrPort { return r.client }
+
+// Service returns the address and port the client connected to.
+func (r *TranslateRequest) Service() netip.AddrPort { return r.svc }
+
+// Context is done when the stack closes.
+func (r *TranslateRequest) Context() context.Context { return r.x.st.ctx }
+
+// syn takes an admitted SYN b (step 1); it reports false when the
+// translator does not take it, and gVisor is to.
+func (x *translator) syn(g *gate, t conntrack.Tuple, proto tcpip.NetworkProtocolNumber, b []byte) bool {
+	h, ok := x.st.flowHandler().(TranslatedHandler)
+	if !ok {
+		return false
+	}
+	s, ok := parseClientSeg(b)
+	if !ok || s.flags&(tcpSYN|tcpACK|tcpRST|tcpFIN) != tcpSYN {
+		return false
+	}
+	client, svc := t.Src(), t.Dst()
+	x.mu.Lock()
+	if x.st.ctx.Err() != nil || x.pending >= x.st.maxInFlight || x.perAddr[client.Addr()] >= x.st.perClient {
+		x.mu.Unlock()
+		x.st.counters.inFlightLimited.Add(1)
+		return true // dropped: the client retransmits
+	}
+	e := &xlEntry{}
+	if _, loaded := x.flows.LoadOrStore(t, e); loaded {
+		x.mu.Unlock()
+		return true // a retransmitted SYN of a request or flow we hold
+	}
+	x.n.Add(1)
+	x.pending++
+	x.perAddr[client.Addr()]++
+	x.mu.Unlock()
+	r := &TranslateRequest{x: x, g: g, tuple: t, syn: s, raw: append([]byte(nil), b...), proto: proto,
+		client: client, svc: svc, e: e}
+	r.syn.payload = nil
+	x.st.handlers.Add(1)
+	go x.handle(h, r)
+	return true
+}
+
+func (x *translator) handle(h TranslatedHandler, r *TranslateRequest) {
+	defer x.st.handlers.Done()
+	defer r.Refuse() // a no-op once answered
+	h.HandleTranslated(r)
+}
+
+// release ends r's share of the in-flight bound.
+func (r *TranslateRequest) release() {
+	x := r.x
+	x.mu.Lock()
+	x.pending--
+	if x.perAddr[r.client.Addr()]--; x.perAddr[r.client.Addr()] <= 0 {
+		delete(x.perAddr, r.client.Addr())
+	}
+	x.mu.Unlock()
+}
+
+// unregister forgets r's entry, if it is still r's.
+func (r *TranslateRequest) unregister() {
+	if r.x.flows.CompareAndDelete(r.tuple, r.e) {
+		r.x.n.Add(-1)
+	}
+}
+
+// Refuse answers the SYN with a RST, as a closed port does.
+func (r *TranslateRequest) Refuse() {
+	r.once.Do(func() {
+		r.release()
+		r.unregister()
+		w := r.writer()
+		buf := make([]byte, w.ipLen()+header.TCPMinimumSize)
+		n := w.build(buf, 0, r.syn.seq+1, tcpRST|tcpACK, 0, nil, nil)
+		r.g.writeOwnSegment(buf[:n], r.proto)
+	})
+}
+
+// Ignore drops the SYN without an answer (the client will retry).
+func (r *TranslateRequest) Ignore() {
+	r.once.Do(func() {
+		r.release()
+		r.unregister()
+	})
+}
+
+// Fallback gives the SYN to gVisor: its forwarder hands the flow to
+// HandleTCP, as if the translator were off.
+func (r *TranslateRequest) Fallback() {
+	r.once.Do(func() {
+		r.release()
+		r.unregister()
+		r.g.toStack(r.proto, nil, r.raw, false)
+	})
+}
+
+func (r *TranslateRequest) writer() segWriter {
+	w := segWriter{v6: r.svc.Addr().Is6(), sport: r.svc.Port(), dport: r.client.Port()}
+	w.src = tcpip.AddrFromSlice(r.svc.Addr().AsSlice())
+	w.dst = tcpip.AddrFromSlice(r.client.Addr().AsSlice())
+	return w
+}
+
+// TranslatedFlow is an accepted translated connection; its owner runs it.
+type TranslatedFlow struct {
+	f     *xlFlow
+	r     *TranslateRequest
+	tm    sync.Mutex  // guards the timers' state
+	timer *time.Timer // the flow's retransmission timer (armed: rtoOn)
+	rtoOn bool
+	ack   *time.Timer // the held ACK's
+	ackOn bool
+	wake  func() // ends the owner's wait for the socket's reads
+	// waitWritable, the owner's, calls its argument once the full socket
+	// takes bytes again; waiting says one wait is on.
+	waitWritable func(then func())
+	waiting      atomic.Bool
+}
+
+// Accept answers the SYN with a SYN-ACK, with sock carrying the flow's
+// bytes (step 2). rcvWnd is the window to offer: the socket's send buffer.
+// wake ends the owner's wait for reads; waitWritable waits for the socket
+// to take bytes again, then calls its argument.
+func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(), waitWritable func(then func())) *TranslatedFlow {
+	var t *TranslatedFlow
+	r.once.Do(func() {
+		r.release()
+		w := r.writer()
+		mtu := int(r.g.MTU())
+		mss := mtu - w.ipLen() - header.TCPMinimumSize
+		t = &TranslatedFlow{r: r, wake: wake, waitWritable: waitWritable}
+		t.f = newXLFlow(xlConfig{
+			sock: sock, w: w, emit: func(p []byte) { r.g.writeOwnSegment(p, r.proto) }, now: time.Now,
+			iss: rand.Uint32(), tsBase: rand.Uint32(), rcvWnd: rcvWnd, rcvShift: xlWindowShift,
+			linkMSS: uint16(min(mss, 0xffff)),
+		}, r.syn)
+		t.timer = time.AfterFunc(time.Hour, t.onRTO)
+		t.timer.Stop()
+		t.ack = time.AfterFunc(time.Hour, t.flushAck)
+		t.ack.Stop()
+		t.syncTimers()
+		r.e.flow.Store(t)
+	})
+	return t
+}
+
+// input is the gate's: a client segment b of the flow (step 3).
+func (t *TranslatedFlow) input(b []byte) {
+	s, ok := parseClientSeg(b)
+	if !ok {
+		return
+	}
+	if !t.f.input(s) {
+		t.wake()
+	}
+	if t.Full() && t.waiting.CompareAndSwap(false, true) {
+		go t.waitWritable(func() {
+			t.waiting.Store(false)
+			t.Writable()
+		})
+	}
+	t.syncTimers()
+}
+
+// Readable is the owner's report that the endpoint socket has bytes or its
+// EOF; it reports whether the flow has ended.
+func (t *TranslatedFlow) Readable() bool {
+	t.f.readable()
+	t.syncTimers()
+	return t.Ended()
+}
+
+// Writable is the owner's report that the endpoint socket, full before,
+// takes bytes again.
+func (t *TranslatedFlow) Writable() {
+	t.f.writable()
+	t.syncTimers()
+}
+
+// Full reports whether the flow waits for the socket to take bytes again.
+func (t *TranslatedFlow) Full() bool {
+	t.f.mu.Lock()
+	defer t.f.mu.Unlock()
+	return t.f.sockFull && t.f.state != xlClosed
+}
+
+// Ended reports whether the flow is over.
+func (t *TranslatedFlow) Ended() bool {
+	t.f.mu.Lock()
+	defer t.f.mu.Unlock()
+	return t.f.state == xlClosed
+}
+
+// Abort ends the flow with a RST to the client and an aborted socket.
+func (t *TranslatedFlow) Abort() {
+	t.f.mu.Lock()
+	t.f.close(true)
+	t.f.mu.Unlock()
+	t.syncTimers()
+	t.wake()
+}
+
+// Forget unregisters the flow (step 4) and stops its timers.
+func (t *TranslatedFlow) Forget() {
+	t.r.unregister()
+	t.tm.Lock()
+	t.timer.Stop()
+	t.ack.Stop()
+	t.rtoOn, t.ackOn = false, false
+	t.tm.Unlock()
+}
+
+// xlWindowShift is our window scale: 2^7 x 64 KiB = 8 MiB, the most a
+// socket's send buffer grows to here.
+const xlWindowShift = 7
+
+// xlAckDelay is how long a flow holds the ACK of a client's data for the
+// endpoint's answer to carry it, as the ACK holder does (ackhold.go).
+const xlAckDelay = ackHold
+
+// syncTimers arms or stops the flow's timers as its state asks. The
+// retransmission timer is armed once per flight, not per segment.
+func (t *TranslatedFlow) syncTimers() {
+	f := t.f
+	f.mu.Lock()
+	rto, held, d := f.rtoArmed, f.ackHeld, f.rtoDelay()
+	f.mu.Unlock()
+	t.tm.Lock()
+	defer t.tm.Unlock()
+	switch {
+	case rto && !t.rtoOn:
+		t.rtoOn = true
+		t.timer.Reset(d)
+	case !rto && t.rtoOn:
+		t.rtoOn = false
+		t.timer.Stop()
+	}
+	switch {
+	case held && !t.ackOn:
+		t.ackOn = true
+		t.ack.Reset(xlAckDelay)
+	case !held && t.ackOn:
+		t.ackOn = false
+		t.ack.Stop()
+	}
+}
+
+func (t *TranslatedFlow) onRTO() {
+	t.tm.Lock()
+	t.rtoOn = false
+	t.tm.Unlock()
+	if !t.f.onRTO() {
+		t.wake()
+	}
+	t.syncTimers()
+}
+
+func (t *TranslatedFlow) flushAck() {
+	t.tm.Lock()
+	t.ackOn = false
+	t.tm.Unlock()
+	t.f.flushAck()
+	t.syncTimers()
+}
+
+// translatedFlow returns the registered flow of t, if any, and whether t
+// is registered at all (a request or a flow): the gate's question.
+func (x *translator) lookup(t conntrack.Tuple) (*TranslatedFlow, bool) {
+	if x.n.Load() == 0 {
+		return nil, false
+	}
+	v, ok := x.flows.Load(t)
+	if !ok {
+		return nil, false
+	}
+	return v.(*xlEntry).flow.Load(), true
+}

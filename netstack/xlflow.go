@@ -69,11 +69,11 @@ const (
 )
 
 type xlFlow struct {
-	mu      sync.Mutex
-	sock    EndpointSocket
-	w       segWriter
-	emit    func(p []byte) // writes a segment the flow built to the link
-	now     func() time.Time
+	mu   sync.Mutex
+	sock EndpointSocket
+	w    segWriter
+	emit func(p []byte) // writes a segment the flow built to the link
+	now  func() time.Time
 
 	state xlState
 

@@ -45,6 +45,8 @@ type EndpointSocket interface {
 	ShutdownWrite() error
 	// Abort closes the socket with a RST.
 	Abort()
+	// Space is how many more bytes the socket takes now.
+	Space() (int, error)
 }
 
 // ErrSocketEmpty is EndpointSocket.Peek's EAGAIN.
@@ -82,7 +84,8 @@ type xlFlow struct {
 	rcvNxt   uint32
 	rcvWnd   uint32 // offered while the socket takes everything, in bytes
 	rcvShift uint8
-	sockFull bool // a write was short: the window offered is 0
+	rcvAdv   uint32 // the right edge of the last window offered
+	sockFull bool   // a write was short: the window offered is 0
 	finIn    bool
 	ackHeld  bool // data acknowledged by the next segment out, or by flushAck
 
@@ -146,7 +149,11 @@ func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 }
 
 func (f *xlFlow) sendSynAck() {
-	wnd := min(f.rcvWnd, 0xffff) // a SYN's window is never scaled (RFC 7323 2.2)
+	wnd := uint32(0xffff) // a SYN's window is never scaled (RFC 7323 2.2)
+	if sp, err := f.sock.Space(); err == nil {
+		wnd = min(wnd, uint32(sp))
+	}
+	f.rcvAdv = f.rcvNxt + wnd
 	opts := synAckOptions(nil, clientSeg{ws: f.peerWS, ts: f.ts, tsVal: f.tsRecent}, uint16(f.mss), f.rcvShift, f.tsNow())
 	f.build(f.iss, tcpSYN|tcpACK, uint16(wnd), opts, nil)
 	f.rtoArmed = true
@@ -157,11 +164,27 @@ func (f *xlFlow) tsNow() uint32 {
 }
 
 // window is the window field of our next segment.
+//
+// The window follows the socket's free space, so that the client sends no
+// more than the socket takes (pasta's way): what is left of the last offer
+// while that is at least half of rcvWnd, else the socket's space, asked
+// for then. An offer is never taken back (RFC 9293 3.8.6.2.2): the right
+// edge only moves right.
 func (f *xlFlow) window() uint16 {
 	if f.sockFull {
 		return 0
 	}
-	return uint16(min(f.rcvWnd>>f.rcvShift, 0xffff))
+	left := int(int32(f.rcvAdv - f.rcvNxt))
+	if left < int(f.rcvWnd)/2 {
+		if sp, err := f.sock.Space(); err == nil {
+			left = max(left, min(sp, int(f.rcvWnd)))
+		}
+	}
+	w := min(left>>f.rcvShift, 0xffff)
+	if edge := f.rcvNxt + uint32(w<<f.rcvShift); int32(edge-f.rcvAdv) > 0 {
+		f.rcvAdv = edge
+	}
+	return uint16(w)
 }
 
 // send builds and emits one segment at sndNxt; it carries the ACK of

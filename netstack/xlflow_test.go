@@ -51,6 +51,14 @@ func (s *fakeSocket) SetPeekOffset(n int) error { s.peekOff = n; return nil }
 func (s *fakeSocket) ShutdownWrite() error      { s.shutdown = true; return nil }
 func (s *fakeSocket) Abort()                    { s.aborted = true }
 
+// Space is room, or 1 MiB for a socket that takes everything.
+func (s *fakeSocket) Space() (int, error) {
+	if s.room < 0 {
+		return 1 << 20, nil
+	}
+	return s.room, nil
+}
+
 // xlHarness drives one flow as its client: it sends segments and reads
 // what the flow emitted.
 type xlHarness struct {

@@ -445,13 +445,40 @@ func (c *hostConn) translatable() (netstack.EndpointSocket, uint32, error) {
 	if err := unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_PEEK_OFF, 0); err != nil {
 		return nil, 0, fmt.Errorf("SO_PEEK_OFF: %w", err)
 	}
+	// A send buffer of xlWindow, set now: the window offered follows its
+	// free space, and the kernel's autotuning would start it at 16 KiB.
+	// SO_SNDBUFFORCE passes net.core.wmem_max (CAP_NET_ADMIN, which the
+	// TUN needs anyway); without it, SO_SNDBUF up to that limit.
+	if unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, xlWindow) != nil {
+		_ = unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_SNDBUF, xlWindow)
+	}
+	sndbuf, err := unix.GetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
+	if err != nil {
+		return nil, 0, fmt.Errorf("SO_SNDBUF: %w", err)
+	}
 	c.file() // into the poller: the owner waits on its RawConn
-	return xlSocket{c}, xlWindow, nil
+	// The kernel doubles the size asked for, for its overhead: the
+	// payload it takes is about half of what SO_SNDBUF reports.
+	return xlSocket{c: c, room: sndbuf / 2}, xlWindow, nil
 }
 
 // xlSocket is a hostConn as the translator's EndpointSocket: raw,
 // non-blocking calls on its descriptor.
-type xlSocket struct{ c *hostConn }
+type xlSocket struct {
+	c    *hostConn
+	room int // the payload the send buffer holds
+}
+
+// Space is the send buffer's room less what is queued in it (SIOCOUTQ:
+// bytes written and not yet acknowledged by the endpoint).
+func (s xlSocket) Space() (int, error) {
+	var outq int32
+	_, _, errno := unix.RawSyscall(unix.SYS_IOCTL, uintptr(s.c.fd), unix.SIOCOUTQ, uintptr(unsafe.Pointer(&outq)))
+	if errno != 0 {
+		return 0, errno
+	}
+	return max(0, s.room-int(outq)), nil
+}
 
 func (s xlSocket) Write(b []byte) (int, error) {
 	n, errno := rawio.Write(uintptr(s.c.fd), b)

@@ -22,10 +22,12 @@ import (
 	"context"
 	"math/rand/v2"
 	"net/netip"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.uber.org/zap"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
@@ -115,7 +117,15 @@ func (x *translator) syn(g *gate, t conntrack.Tuple, proto tcpip.NetworkProtocol
 
 func (x *translator) handle(h TranslatedHandler, r *TranslateRequest) {
 	defer x.st.handlers.Done()
-	defer r.Refuse() // a no-op once answered
+	growStack(0) // as handleTCP's (forward.go)
+	defer func() {
+		if p := recover(); p != nil {
+			x.st.counters.handlerPanics.Add(1)
+			x.st.logger.Error("translated TCP flow handler panicked", zap.Any("panic", p),
+				zap.Stringer("client", r.client), zap.Stringer("service", r.svc), zap.ByteString("stack", debug.Stack()))
+		}
+		r.Refuse() // a no-op once answered
+	}()
 	h.HandleTranslated(r)
 }
 

@@ -47,6 +47,9 @@ type EndpointSocket interface {
 	Abort()
 	// Space is how many more bytes the socket takes now.
 	Space() (int, error)
+	// Writable reports whether the socket takes bytes again after a short
+	// write: what the kernel's poll says (POLLOUT).
+	Writable() bool
 }
 
 // ErrSocketEmpty is EndpointSocket.Peek's EAGAIN.
@@ -292,7 +295,13 @@ func (f *xlFlow) ackInput(s clientSeg) {
 // dataInput writes the client's payload to the socket and takes its FIN
 // (steps 1 and 3).
 func (f *xlFlow) dataInput(s clientSeg) {
+	if f.sockFull && f.sock.Writable() {
+		f.sockFull = false // the client's probe or retransmission found it drained
+	}
 	if len(s.payload) == 0 && s.flags&tcpFIN == 0 {
+		if s.seq != f.rcvNxt {
+			f.sendAck() // RFC 9293 3.10.7.4: a window probe or keep-alive is answered
+		}
 		return
 	}
 	if s.seq != f.rcvNxt || f.finIn {

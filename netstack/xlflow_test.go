@@ -59,6 +59,8 @@ func (s *fakeSocket) Space() (int, error) {
 	return s.room, nil
 }
 
+func (s *fakeSocket) Writable() bool { return s.room != 0 }
+
 // xlHarness drives one flow as its client: it sends segments and reads
 // what the flow emitted.
 type xlHarness struct {

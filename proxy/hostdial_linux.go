@@ -480,6 +480,17 @@ func (s xlSocket) Space() (int, error) {
 	return max(0, s.room-int(outq)), nil
 }
 
+// Writable asks the kernel's poll, without waiting, whether the socket
+// takes bytes (POLLOUT): its own measure of room, which a short write's
+// wait (waitWritable) and a full flow's probes go by.
+func (s xlSocket) Writable() bool { return s.c.writable() }
+
+func (c *hostConn) writable() bool {
+	fds := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLOUT}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n == 1 && fds[0].Revents&unix.POLLOUT != 0
+}
+
 func (s xlSocket) Write(b []byte) (int, error) {
 	n, errno := rawio.Write(uintptr(s.c.fd), b)
 	switch errno {

@@ -70,15 +70,10 @@ func (p *Proxy) HandleTranslated(r *netstack.TranslateRequest) {
 	}
 	rc := hc.rawConn()
 	wake := func() { _ = hc.SetReadDeadline(time.Unix(1, 0)) }
+	// The poller's readiness is an edge, and RawConn.Write forgets one that
+	// came before it began: the socket is asked first, then waited on.
 	waitWritable := func(then func()) {
-		first := true
-		_ = rc.Write(func(uintptr) bool {
-			if first {
-				first = false
-				return false // wait for the poller's write readiness
-			}
-			return true
-		})
+		_ = rc.Write(func(uintptr) bool { return hc.writable() })
 		then()
 	}
 	t := r.Accept(sock, wnd, wake, waitWritable) // 3

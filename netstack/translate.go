@@ -306,7 +306,7 @@ const xlAckDelay = ackHold
 func (t *TranslatedFlow) syncTimers() {
 	f := t.f
 	f.mu.Lock()
-	rto, held, d := f.rtoArmed, f.ackHeld, f.rtoDelay()
+	rto, held, d := f.rtoArmed, (f.ackHeld || f.wndShort) && f.state != xlClosed, f.rtoDelay()
 	f.mu.Unlock()
 	t.tm.Lock()
 	defer t.tm.Unlock()

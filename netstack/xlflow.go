@@ -21,7 +21,7 @@ package netstack
 //     the flow.
 //
 // Timers belong to the flow's owner: the flow says what it wants armed
-// (rtoArmed, ackHeld) and the owner calls onRTO and flushAck.
+// (rtoArmed; ackHeld or wndShort) and the owner calls onRTO and flushAck.
 
 import (
 	"errors"
@@ -91,6 +91,10 @@ type xlFlow struct {
 	sockFull bool   // a write was short: the window offered is 0
 	finIn    bool
 	ackHeld  bool // data acknowledged by the next segment out, or by flushAck
+	// wndShort: the last window offered was cut short by the socket's
+	// free space, and no segment of the client's may come to carry a
+	// larger one (it may wait for it); flushAck looks again.
+	wndShort bool
 
 	// Send (endpoint -> client).
 	iss      uint32
@@ -187,7 +191,21 @@ func (f *xlFlow) window() uint16 {
 	if edge := f.rcvNxt + uint32(w<<f.rcvShift); int32(edge-f.rcvAdv) > 0 {
 		f.rcvAdv = edge
 	}
+	f.wndShort = int32(f.rcvAdv-f.rcvNxt) < int32(f.rcvWnd/2)
 	return uint16(w)
+}
+
+// wndGrown reports whether the socket's free space now moves the window's
+// right edge far enough to be worth an update: by a quarter of rcvWnd, or
+// two full segments if that is less (RFC 9293 3.8.6.2.2's receiver-side
+// silly window avoidance asks for one, or half the buffer).
+func (f *xlFlow) wndGrown() bool {
+	sp, err := f.sock.Space()
+	if err != nil {
+		return false
+	}
+	edge := f.rcvNxt + uint32(min(sp, int(f.rcvWnd)))
+	return int32(edge-f.rcvAdv) >= int32(min(f.rcvWnd/4, uint32(2*f.mss)))
 }
 
 // send builds and emits one segment at sndNxt; it carries the ACK of
@@ -433,11 +451,16 @@ func (f *xlFlow) onRTO() bool {
 // rtoDelay is how long the owner arms the timer for.
 func (f *xlFlow) rtoDelay() time.Duration { return xlRTO << min(f.backoff, xlMaxBackoff) }
 
-// flushAck sends the held ACK, if the flow still holds one.
+// flushAck sends the held ACK, if the flow still holds one, or a window
+// update once a short window can grow.
 func (f *xlFlow) flushAck() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.ackHeld && f.state != xlClosed {
+	switch {
+	case f.state == xlClosed:
+	case f.ackHeld:
+		f.sendAck()
+	case f.wndShort && !f.sockFull && f.wndGrown():
 		f.sendAck()
 	}
 }

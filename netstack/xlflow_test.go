@@ -306,3 +306,28 @@ func TestXLFlowReset(t *testing.T) {
 		t.Fatalf("an exact RST: socket aborted %v", h.sock.aborted)
 	}
 }
+
+// TestXLFlowShortWindowUpdate: a window cut short by the socket's free
+// space is offered again, larger, once the socket drains, without a
+// segment of the client's to answer: the client may be waiting for it.
+func TestXLFlowShortWindowUpdate(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: 7, wnd: 512})
+	h.established(512)
+	h.sock.room = 100 << 10
+	h.segment(0, testISS+1, 512, string(make([]byte, 1000)))
+	h.f.flushAck() // the held ACK
+	out := h.take()
+	if len(out) != 1 || int(out[0].wnd)<<7 > 100<<10 || !h.f.wndShort {
+		t.Fatalf("ACK %+v, window short %v", out, h.f.wndShort)
+	}
+	h.f.flushAck() // the socket has not drained
+	if out := h.take(); len(out) != 0 {
+		t.Fatalf("an update with nothing freed: %+v", out)
+	}
+	h.sock.room = -1 // drained
+	h.f.flushAck()
+	out = h.take()
+	if len(out) != 1 || int(out[0].wnd)<<7 != 1<<20 || h.f.wndShort {
+		t.Fatalf("update %+v, window short %v", out, h.f.wndShort)
+	}
+}

@@ -95,6 +95,7 @@ type xlFlow struct {
 	// free space, and no segment of the client's may come to carry a
 	// larger one (it may wait for it); flushAck looks again.
 	wndShort bool
+	kept     []keptSeg // past a gap, by sequence number
 
 	// Send (endpoint -> client).
 	iss      uint32
@@ -316,14 +317,27 @@ func (f *xlFlow) dataInput(s clientSeg) {
 	if f.sockFull && f.sock.Writable() {
 		f.sockFull = false // the client's probe or retransmission found it drained
 	}
-	if len(s.payload) == 0 && s.flags&tcpFIN == 0 {
+	fin := s.flags&tcpFIN != 0
+	if len(s.payload) == 0 && !fin {
 		if s.seq != f.rcvNxt {
 			f.sendAck() // RFC 9293 3.10.7.4: a window probe or keep-alive is answered
 		}
 		return
 	}
-	if s.seq != f.rcvNxt || f.finIn {
-		f.sendAck() // out of order, or sent again: a duplicate ACK
+	if f.finIn {
+		f.sendAck() // sent again: a duplicate ACK
+		return
+	}
+	if d := int(int32(f.rcvNxt - s.seq)); d > 0 { // sent again, at least in part
+		if d > len(s.payload) || (d == len(s.payload) && !fin) {
+			f.sendAck()
+			return
+		}
+		s.payload, s.seq = s.payload[d:], f.rcvNxt
+	}
+	if s.seq != f.rcvNxt {
+		f.keep(s)
+		f.sendAck() // past a gap: a duplicate ACK at once (RFC 5681 4.2)
 		return
 	}
 	if len(s.payload) > 0 {
@@ -331,32 +345,109 @@ func (f *xlFlow) dataInput(s clientSeg) {
 			f.sendAck() // the window was 0: nothing taken
 			return
 		}
-		n, err := f.sock.Write(s.payload)
-		f.rcvNxt += uint32(n)
-		if err != nil {
-			f.close(true)
+		if !f.deliver(s.payload) {
 			return
 		}
-		if n < len(s.payload) {
-			f.sockFull = true
-			f.sendAck() // the window is 0 now
+		filled := f.drainKept()
+		if f.state == xlClosed || f.sockFull {
 			return
 		}
-		// At least every second full-sized segment is acknowledged at
-		// once (RFC 5681 4.2); the rest waits for an answer to carry it.
-		if f.unacked += n; f.unacked >= 2*f.mss {
+		// A segment that fills a gap is acknowledged at once, and at least
+		// every second full-sized one (RFC 5681 4.2); the rest waits for an
+		// answer to carry it.
+		if f.unacked += len(s.payload); filled || f.unacked >= 2*f.mss {
 			f.sendAck()
 		} else {
 			f.ackHeld = true
 		}
 	}
-	if s.flags&tcpFIN != 0 {
+	if fin {
 		f.finIn = true
 		f.rcvNxt++
 		_ = f.sock.ShutdownWrite()
 		f.sendAck()
 		f.maybeDone()
 	}
+}
+
+// deliver writes in-order payload p to the socket; it reports false when
+// the socket did not take all of it (now full, acknowledged with a zero
+// window) or failed (the flow is reset).
+func (f *xlFlow) deliver(p []byte) bool {
+	n, err := f.sock.Write(p)
+	f.rcvNxt += uint32(n)
+	if err != nil {
+		f.close(true)
+		return false
+	}
+	if n < len(p) {
+		f.sockFull = true
+		f.dropKept() // the client sends it all again after the update
+		f.sendAck()  // the window is 0 now
+		return false
+	}
+	return true
+}
+
+// Out-of-order data: the client's segments past a gap are kept, a copy
+// each, up to xlKeptSegs of them, so that a reordered burst (veths deliver
+// a migrating sender's packets from two CPUs' backlogs out of order) costs
+// no retransmission once the gap fills. Only payload within the window
+// offered is kept; a FIN past a gap is not (the client sends it again).
+const xlKeptSegs = 8
+
+type keptSeg struct {
+	seq uint32
+	bp  *[]byte // from packetPool
+	n   int
+}
+
+// keep keeps s, past a gap, if it fits.
+func (f *xlFlow) keep(s clientSeg) {
+	end := s.seq + uint32(len(s.payload))
+	if len(s.payload) == 0 || len(f.kept) == xlKeptSegs || int32(end-f.rcvAdv) > 0 || f.sockFull {
+		return
+	}
+	i := 0
+	for i < len(f.kept) && int32(f.kept[i].seq-s.seq) < 0 {
+		i++
+	}
+	if i < len(f.kept) && f.kept[i].seq == s.seq && f.kept[i].n >= len(s.payload) {
+		return // a copy of one kept
+	}
+	bp := packetPool.Get().(*[]byte)
+	n := copy(*bp, s.payload)
+	f.kept = append(f.kept, keptSeg{})
+	copy(f.kept[i+1:], f.kept[i:])
+	f.kept[i] = keptSeg{seq: s.seq, bp: bp, n: n}
+}
+
+// drainKept writes the kept segments the gap's filling made in order; it
+// reports whether it wrote any.
+func (f *xlFlow) drainKept() bool {
+	wrote := false
+	for len(f.kept) > 0 && f.state != xlClosed && !f.sockFull {
+		k := f.kept[0]
+		d := int(int32(f.rcvNxt - k.seq))
+		if d < 0 {
+			break // still a gap
+		}
+		f.kept = f.kept[:copy(f.kept, f.kept[1:])]
+		if d < k.n {
+			wrote = true
+			f.deliver((*k.bp)[d:k.n])
+		}
+		packetPool.Put(k.bp)
+	}
+	return wrote
+}
+
+// dropKept forgets the kept segments.
+func (f *xlFlow) dropKept() {
+	for _, k := range f.kept {
+		packetPool.Put(k.bp)
+	}
+	f.kept = nil
 }
 
 // pump sends what the socket holds and the client's window takes.
@@ -493,6 +584,7 @@ func (f *xlFlow) maybeDone() {
 	if f.finIn && f.finSent && f.sndUna == f.sndNxt {
 		f.state = xlClosed
 		f.rtoArmed = false
+		f.dropKept()
 	}
 }
 
@@ -505,6 +597,7 @@ func (f *xlFlow) close(reset bool) {
 		f.build(f.sndNxt, tcpRST|tcpACK, 0, nil, nil)
 	}
 	f.sock.Abort()
+	f.dropKept()
 	f.state = xlClosed
 	f.rtoArmed = false
 }

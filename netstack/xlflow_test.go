@@ -197,16 +197,69 @@ func TestXLFlowFullSocket(t *testing.T) {
 	}
 }
 
-// TestXLFlowOutOfOrder: a segment past a gap is not written, and draws a
-// duplicate ACK at once.
+// TestXLFlowOutOfOrder: a segment past a gap is kept, not written, and
+// draws a duplicate ACK at once; the segment that fills the gap writes
+// both in order and is acknowledged at once; a segment sent again in part
+// writes only its new bytes.
 func TestXLFlowOutOfOrder(t *testing.T) {
 	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
 	h.established(65535)
-	h.seq += 10
-	h.segment(0, testISS+1, 65535, "late")
+	h.seq += 5
+	h.segment(0, testISS+1, 65535, "world")
 	out := h.take()
-	if len(h.sock.written) != 0 || len(out) != 1 || out[0].ack != testIRS+1 {
-		t.Fatalf("socket %q, sent %+v", h.sock.written, out)
+	if len(h.sock.written) != 0 || len(out) != 1 || out[0].ack != testIRS+1 || len(h.f.kept) != 1 {
+		t.Fatalf("past a gap: socket %q, sent %+v, kept %d", h.sock.written, out, len(h.f.kept))
+	}
+	h.seq = testIRS + 1
+	h.segment(0, testISS+1, 65535, "hello")
+	out = h.take()
+	if string(h.sock.written) != "helloworld" || len(out) != 1 || out[0].ack != testIRS+1+10 || len(h.f.kept) != 0 {
+		t.Fatalf("the gap filled: socket %q, sent %+v, kept %d", h.sock.written, out, len(h.f.kept))
+	}
+	h.seq = testIRS + 1 + 8
+	h.segment(0, testISS+1, 65535, "ld!!")
+	h.f.flushAck()
+	out = h.take()
+	if string(h.sock.written) != "helloworld!!" || len(out) != 1 || out[0].ack != testIRS+1+12 {
+		t.Fatalf("sent again in part: socket %q, sent %+v", h.sock.written, out)
+	}
+	h.seq = testIRS + 1
+	h.segment(0, testISS+1, 65535, "hello")
+	if out := h.take(); string(h.sock.written) != "helloworld!!" || len(out) != 1 || out[0].ack != testIRS+1+12 {
+		t.Fatalf("sent again whole: socket %q, sent %+v", h.sock.written, out)
+	}
+}
+
+// TestXLFlowKeptBounds: at most xlKeptSegs segments past a gap are kept,
+// none past the window offered, and a full socket forgets them.
+func TestXLFlowKeptBounds(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+	h.established(65535)
+	for i := range xlKeptSegs + 2 {
+		h.seq = testIRS + 1 + uint32(10*(i+1))
+		h.segment(0, testISS+1, 65535, "0123456789")
+	}
+	if len(h.f.kept) != xlKeptSegs {
+		t.Fatalf("kept %d segments, want %d", len(h.f.kept), xlKeptSegs)
+	}
+	for i, k := range h.f.kept {
+		if k.seq != testIRS+1+uint32(10*(i+1)) {
+			t.Fatalf("kept out of order: %+v", h.f.kept)
+		}
+	}
+	h.f.dropKept()
+	h.seq = h.f.rcvAdv // past the window offered
+	h.segment(0, testISS+1, 65535, "x")
+	if len(h.f.kept) != 0 {
+		t.Fatalf("kept a segment past the window")
+	}
+	h.seq = testIRS + 1 + 20
+	h.segment(0, testISS+1, 65535, "0123456789")
+	h.sock.room = 3
+	h.seq = testIRS + 1
+	h.segment(0, testISS+1, 65535, "0123456789")
+	if string(h.sock.written) != "012" || len(h.f.kept) != 0 || !h.f.sockFull {
+		t.Fatalf("a full socket: socket %q, kept %d", h.sock.written, len(h.f.kept))
 	}
 }
 

@@ -110,6 +110,8 @@ type gate struct {
 	// bytesOut is child as a bytesWriter, if it is one (the Linux TUN):
 	// writeOwnBytes writes through it.
 	bytesOut bytesWriter
+	// segmentOut is child as a segmentWriter that offloads, if it is one.
+	segmentOut segmentWriter
 
 	// own guards the writes that come from outside gVisor (UDP replies,
 	// udpreply.go) against the link's closing: Stack.Close sets closed
@@ -127,6 +129,9 @@ var _ bytesDispatcher = (*gate)(nil)
 func newGate(child stack.LinkEndpoint, ct *conntrack.Table, admit func() AdmitFunc, rej *rejecter, c *gateCounters, bp *udpBypass, rs *resetting) *gate {
 	g := &gate{child: child, ct: ct, admit: admit, rejecter: rej, counters: c, bypass: bp, resets: rs}
 	g.bytesOut, _ = child.(bytesWriter)
+	if sw, ok := child.(segmentWriter); ok && sw.Offloads() {
+		g.segmentOut = sw
+	}
 	g.Endpoint.Init(child, g)
 	return g
 }
@@ -446,6 +451,24 @@ func (g *gate) writeOwnSegment(b []byte, proto tcpip.NetworkProtocolNumber) {
 		pl.DecRef()
 	}
 	if err != nil {
+		g.counters.outboundWriteError.Add(1)
+	}
+}
+
+// writeOwnPartial is writeOwnSegment for a segment whose checksum the
+// kernel completes, cut at mss where longer: only through a link that
+// offloads (segmentOut, which the caller checked).
+func (g *gate) writeOwnPartial(b []byte, v6 bool, ipLen, hdrLen, mss int) {
+	g.own.RLock()
+	defer g.own.RUnlock()
+	if g.own.closed {
+		return
+	}
+	g.counters.outbound.Add(1)
+	if _, ok := g.classifyOut(b, len(b)); !ok {
+		return
+	}
+	if g.segmentOut.WriteSegment(b, v6, ipLen, hdrLen, mss) != nil {
 		g.counters.outboundWriteError.Add(1)
 	}
 }

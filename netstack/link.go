@@ -199,3 +199,13 @@ type bytesDispatcher interface {
 type bytesWriter interface {
 	WriteBytes(b []byte) tcpip.Error
 }
+
+// segmentWriter is a bytesWriter that also writes a TCP segment whose
+// checksum the kernel completes, cut at an MSS where it is longer (a TUN
+// with virtio-net headers and TCP offloads): the translator's way out
+// (translate.go). Offloads reports whether it can; b's checksum field holds
+// the pseudo-header's sum, as Linux's CHECKSUM_PARTIAL.
+type segmentWriter interface {
+	Offloads() bool
+	WriteSegment(b []byte, v6 bool, ipLen, hdrLen, mss int) tcpip.Error
+}

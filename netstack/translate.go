@@ -212,8 +212,13 @@ func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(
 		mtu := int(r.g.MTU())
 		mss := mtu - w.ipLen() - header.TCPMinimumSize
 		t = &TranslatedFlow{r: r, wake: wake, waitWritable: waitWritable}
+		var partial func([]byte, int, int)
+		if r.g.segmentOut != nil {
+			v6 := r.proto == header.IPv6ProtocolNumber
+			partial = func(p []byte, hdrLen, mss int) { r.g.writeOwnPartial(p, v6, w.ipLen(), hdrLen, mss) }
+		}
 		t.f = newXLFlow(xlConfig{
-			sock: sock, w: w, emit: func(p []byte) { r.g.writeOwnSegment(p, r.proto) }, now: time.Now,
+			sock: sock, w: w, emit: func(p []byte) { r.g.writeOwnSegment(p, r.proto) }, emitPartial: partial, now: time.Now,
 			iss: rand.Uint32(), tsBase: rand.Uint32(), rcvWnd: rcvWnd, rcvShift: xlWindowShift,
 			linkMSS: uint16(min(mss, 0xffff)),
 		}, r.syn)

@@ -358,6 +358,37 @@ func (e *tunEndpoint) WriteBytes(b []byte) tcpip.Error {
 	return nil
 }
 
+// Offloads implements segmentWriter: the device takes virtio-net headers.
+func (e *tunEndpoint) Offloads() bool { return e.vnet }
+
+// WriteSegment writes b, a TCP segment whose checksum the kernel completes
+// (VIRTIO_NET_HDR_F_NEEDS_CSUM from the TCP header on), cut at mss payload
+// bytes if it is longer (host GSO): the header header writes for gVisor's
+// segments under host GSO (implements segmentWriter; Offloads must hold).
+func (e *tunEndpoint) WriteSegment(b []byte, v6 bool, ipLen, hdrLen, mss int) tcpip.Error {
+	if e.closed.Load() {
+		return &tcpip.ErrClosedForSend{}
+	}
+	var hdr [vnetHdrLen]byte
+	le := binary.NativeEndian
+	hdr[0] = unix.VIRTIO_NET_HDR_F_NEEDS_CSUM
+	le.PutUint16(hdr[6:], uint16(ipLen))
+	le.PutUint16(hdr[8:], header.TCPChecksumOffset)
+	if len(b)-hdrLen > mss {
+		hdr[1] = unix.VIRTIO_NET_HDR_GSO_TCPV4
+		if v6 {
+			hdr[1] = unix.VIRTIO_NET_HDR_GSO_TCPV6
+		}
+		le.PutUint16(hdr[2:], uint16(hdrLen))
+		le.PutUint16(hdr[4:], uint16(mss))
+	}
+	var arr [2]unix.Iovec
+	if errno := writevRaw(e.queues[0].fd, appendIovec(appendIovec(arr[:0], hdr[:]), b)); errno != 0 {
+		return tcpip.TranslateErrno(errno)
+	}
+	return nil
+}
+
 // writePacket writes hdr and pkt as one packet, an iovec per view of pkt
 // (built on the stack: no allocation per packet). gVisor merges queued
 // writes into one segment, a view each: a packet in more than maxWriteViews

@@ -27,6 +27,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // EndpointSocket is what a flow does with its endpoint socket: a host TCP
@@ -78,7 +80,11 @@ type xlFlow struct {
 	sock EndpointSocket
 	w    segWriter
 	emit func(p []byte) // writes a segment the flow built to the link
-	now  func() time.Time
+	// emitPartial, when the link offloads (gso), writes a segment with
+	// payload whose checksum is partial, cut at mss payload bytes.
+	emitPartial func(p []byte, hdrLen, mss int)
+	gso         bool
+	now         func() time.Time
 
 	state xlState
 
@@ -122,21 +128,25 @@ type xlFlow struct {
 
 // xlConfig is what a flow starts from.
 type xlConfig struct {
-	sock     EndpointSocket
-	w        segWriter
-	emit     func([]byte)
-	now      func() time.Time
-	iss      uint32
-	tsBase   uint32
-	rcvWnd   uint32 // the window to offer, in bytes (the socket's send buffer)
-	rcvShift uint8  // our window scale, used when the client offered one
-	linkMSS  uint16 // the most a segment from us may carry on this link
+	sock EndpointSocket
+	w    segWriter
+	emit func([]byte)
+	// emitPartial is set when the link offloads TCP checksums and
+	// segmentation: the flow's data segments go that way, up to
+	// xlSegmentMax bytes each.
+	emitPartial func(p []byte, hdrLen, mss int)
+	now         func() time.Time
+	iss         uint32
+	tsBase      uint32
+	rcvWnd      uint32 // the window to offer, in bytes (the socket's send buffer)
+	rcvShift    uint8  // our window scale, used when the client offered one
+	linkMSS     uint16 // the most a segment from us may carry on this link
 }
 
 // newXLFlow makes the flow of the client's SYN and sends the SYN-ACK.
 func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 	f := &xlFlow{
-		sock: cfg.sock, w: cfg.w, emit: cfg.emit, now: cfg.now,
+		sock: cfg.sock, w: cfg.w, emit: cfg.emit, emitPartial: cfg.emitPartial, gso: cfg.emitPartial != nil, now: cfg.now,
 		irs: syn.seq, rcvNxt: syn.seq + 1, rcvWnd: cfg.rcvWnd,
 		iss: cfg.iss, sndUna: cfg.iss, sndNxt: cfg.iss + 1, sndWnd: uint32(syn.wnd),
 		ts: syn.ts, tsRecent: syn.tsVal, tsBase: cfg.tsBase, t0: cfg.now(), peerWS: syn.ws,
@@ -209,15 +219,40 @@ func (f *xlFlow) wndGrown() bool {
 	return int32(edge-f.rcvAdv) >= int32(min(f.rcvWnd/4, uint32(2*f.mss)))
 }
 
-// send builds and emits one segment at sndNxt; it carries the ACK of
-// everything received so far.
-func (f *xlFlow) send(flags byte, payload []byte) {
+// xlSegmentMax is the most a segment of ours holds under host GSO: the
+// largest IPv4 packet, within the TUN's gso_max_size (tunGSOMaxSize).
+const xlSegmentMax = 0xffff
+
+// hdrLen is the length of the headers of the flow's segments.
+func (f *xlFlow) hdrLen() int {
+	if f.ts {
+		return f.w.ipLen() + header.TCPMinimumSize + 12
+	}
+	return f.w.ipLen() + header.TCPMinimumSize
+}
+
+// send builds and emits one segment at sndNxt without payload.
+func (f *xlFlow) send(flags byte) {
+	var b [header.IPv6MinimumSize + header.TCPMinimumSize + 12]byte
+	f.sendAround(b[:], flags, 0)
+}
+
+// sendAround builds the headers of a segment at sndNxt in p, whose n bytes
+// of payload are in place after them (hdrLen), and emits it; it carries
+// the ACK of everything received so far.
+func (f *xlFlow) sendAround(p []byte, flags byte, n int) {
 	var o [12]byte
 	opts := o[:0]
 	if f.ts {
 		opts = tsOption(opts, f.tsNow(), f.tsRecent)
 	}
-	f.build(f.sndNxt, flags|tcpACK, f.window(), opts, payload)
+	partial := f.gso && n > 0
+	total := f.w.buildAround(p, f.sndNxt, f.rcvNxt, flags|tcpACK, f.window(), opts, n, partial)
+	if partial {
+		f.emitPartial(p[:total], f.hdrLen(), f.sendMSS)
+	} else {
+		f.emit(p[:total])
+	}
 	f.ackHeld = false
 	f.unacked = 0
 }
@@ -231,7 +266,7 @@ func (f *xlFlow) build(seq uint32, flags byte, wnd uint16, opts, payload []byte)
 }
 
 // sendAck sends a pure ACK now.
-func (f *xlFlow) sendAck() { f.send(0, nil) }
+func (f *xlFlow) sendAck() { f.send(0) }
 
 // input handles one segment from the client; it reports false once the
 // flow has ended.
@@ -469,9 +504,14 @@ func (f *xlFlow) pump() {
 		if bp == nil {
 			bp = packetPool.Get().(*[]byte)
 		}
-		peekBuf := (*bp)[:maxPacket-100] // room for the headers when the segment is built
-		n := min(room, f.sendMSS, len(peekBuf))
-		r, err := f.sock.Peek(peekBuf[:n])
+		hl := f.hdrLen()
+		maxSeg := f.sendMSS
+		if f.gso {
+			maxSeg = max(f.sendMSS, (xlSegmentMax-hl)/f.sendMSS*f.sendMSS) // full segments after the cut
+		}
+		n := min(room, maxSeg, len(*bp)-hl)
+		r, err := f.sock.Peek((*bp)[hl : hl+n]) // the payload's place in the segment
+
 		switch {
 		case errors.Is(err, ErrSocketEmpty):
 			return
@@ -479,7 +519,7 @@ func (f *xlFlow) pump() {
 			f.close(true)
 			return
 		case r == 0: // EOF, every byte before it sent
-			f.send(tcpFIN, nil)
+			f.send(tcpFIN)
 			f.sndNxt++
 			f.finSent = true
 			f.rtoArmed = true
@@ -489,7 +529,7 @@ func (f *xlFlow) pump() {
 		if f.sndUna == f.sndNxt {
 			f.progress = f.now() // a new flight
 		}
-		f.send(0x08, peekBuf[:r]) // PSH
+		f.sendAround(*bp, 0x08, r) // PSH
 		f.sndNxt += uint32(r)
 		f.rtoArmed = true
 		// A short peek does not end the loop: the endpoint's FIN may have

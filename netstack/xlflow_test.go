@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // fakeSocket is an endpoint socket in memory: write takes up to room
@@ -382,5 +384,41 @@ func TestXLFlowShortWindowUpdate(t *testing.T) {
 	out = h.take()
 	if len(out) != 1 || int(out[0].wnd)<<7 != 1<<20 || h.f.wndShort {
 		t.Fatalf("update %+v, window short %v", out, h.f.wndShort)
+	}
+}
+
+// TestXLFlowPartialSegments: over a link that offloads, the endpoint's
+// bytes go out in one segment past the MSS, cut at the MSS by the kernel,
+// with the checksum left partial (the pseudo-header's sum); pure ACKs are
+// finished.
+func TestXLFlowPartialSegments(t *testing.T) {
+	h := newXLHarness(t, clientSeg{mss: 1460, ws: 7, wnd: 512})
+	type partial struct{ hdrLen, mss, size int }
+	var got []partial
+	h.f.gso = true
+	h.f.emitPartial = func(p []byte, hdrLen, mss int) {
+		got = append(got, partial{hdrLen, mss, len(p)})
+		s, ok := parseClientSeg(p)
+		if !ok {
+			t.Fatalf("not a segment: %x", p)
+		}
+		tcp := header.TCP(p[20:])
+		want := header.PseudoHeaderChecksum(header.TCPProtocolNumber, h.f.w.src, h.f.w.dst, uint16(len(tcp)))
+		if tcp.Checksum() != want {
+			t.Errorf("checksum %#x, want the pseudo-header's %#x", tcp.Checksum(), want)
+		}
+		s.payload = append([]byte(nil), s.payload...)
+		h.out = append(h.out, s)
+	}
+	h.established(512)
+	h.sock.queue = bytes.Repeat([]byte("x"), 5000)
+	h.f.readable()
+	out := h.take()
+	if len(out) != 1 || len(out[0].payload) != 5000 || len(got) != 1 || got[0] != (partial{40, 1460, 5040}) {
+		t.Fatalf("sent %d segments (%+v), partial writes %+v", len(out), out, got)
+	}
+	h.segment(0, testISS+1+5000, 512, "")
+	if len(h.sock.queue) != 0 || len(got) != 1 {
+		t.Fatalf("after the ACK: queue %d, partial writes %+v", len(h.sock.queue), got)
 	}
 }

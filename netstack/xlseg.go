@@ -107,8 +107,18 @@ const segTTL = 64
 // bytes, the segment with these fields, and returns its length. opts must
 // be a multiple of 4 bytes long.
 func (w *segWriter) build(p []byte, seq, ack uint32, flags byte, wnd uint16, opts, payload []byte) int {
+	n := copy(p[w.ipLen()+header.TCPMinimumSize+len(opts):], payload)
+	return w.buildAround(p, seq, ack, flags, wnd, opts, n, false)
+}
+
+// buildAround is build for a payload of n bytes already in place, after
+// the headers' room in p. partial leaves the TCP checksum for the kernel to
+// complete: the field holds the pseudo-header's sum (Linux's
+// CHECKSUM_PARTIAL, as gVisor's TCP leaves it under host GSO), and the
+// payload is not read.
+func (w *segWriter) buildAround(p []byte, seq, ack uint32, flags byte, wnd uint16, opts []byte, n int, partial bool) int {
 	hl := header.TCPMinimumSize + len(opts)
-	tcpLen := hl + len(payload)
+	tcpLen := hl + n
 	il := w.ipLen()
 	total := il + tcpLen
 	p = p[:total]
@@ -143,9 +153,12 @@ func (w *segWriter) build(p []byte, seq, ack uint32, flags byte, wnd uint16, opt
 		WindowSize: wnd,
 	})
 	copy(t[header.TCPMinimumSize:], opts)
-	copy(t[hl:], payload)
 	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, w.src, w.dst, uint16(tcpLen))
-	t.SetChecksum(^checksum.Checksum(t, xsum))
+	if partial {
+		t.SetChecksum(xsum)
+	} else {
+		t.SetChecksum(^checksum.Checksum(t, xsum))
+	}
 	return total
 }
 

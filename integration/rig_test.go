@@ -29,6 +29,12 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// translateTCP runs the rig's TCP flows through the translator
+// (netstack/translate.go) rather than gVisor, as the binary does with
+// --experimental-tcp-translate: USERPROXY_TCP_TRANSLATE=1, the flag's
+// environment default, turns both on for a whole run of the suite.
+var translateTCP = os.Getenv("USERPROXY_TCP_TRANSLATE") == "1"
+
 // testSeed returns USERPROXY_SEED if set, else def, and logs it.
 func testSeed(t testing.TB, def uint64) uint64 {
 	t.Helper()
@@ -80,7 +86,7 @@ func newRigWith(t testing.TB, link *netstack.Link, seed uint64, lim rigLimits) *
 	ran := make(chan struct{})
 	go func() { defer close(ran); h.px.Run(runCtx) }()
 	h.st, err = netstack.New(netstack.Options{Link: link, Conntrack: h.ct, Reassembler: h.px.Reassembler(), Admit: h.px.Admit, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
-		MaxInFlight: lim.inFlight, MaxInFlightPerClient: lim.inFlightPerClient})
+		MaxInFlight: lim.inFlight, MaxInFlightPerClient: lim.inFlightPerClient, TranslateTCP: translateTCP})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -441,7 +441,10 @@ func (g *gate) writeOwnBytes(b []byte) tcpip.Error {
 // PacketBuffer. Failures are counted as the link's write errors.
 func (g *gate) writeOwnSegment(b []byte, proto tcpip.NetworkProtocolNumber) {
 	var err tcpip.Error
-	if g.bytesOut != nil {
+	if _, ok := g.resets.passOut(b); ok && g.bytesOut != nil {
+		g.counters.resetsOut.Add(1) // a RST after the flow's entry (reset.go)
+		err = g.bytesOut.WriteBytes(b)
+	} else if g.bytesOut != nil {
 		err = g.writeOwnBytes(b)
 	} else {
 		pkt := newPacket(b, proto)

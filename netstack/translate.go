@@ -218,7 +218,7 @@ func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(
 			partial = func(p []byte, hdrLen, mss int) { r.g.writeOwnPartial(p, v6, w.ipLen(), hdrLen, mss) }
 		}
 		t.f = newXLFlow(xlConfig{
-			sock: sock, w: w, emit: func(p []byte) { r.g.writeOwnSegment(p, r.proto) }, emitPartial: partial, now: time.Now,
+			sock: sock, w: w, emit: func(p []byte) { r.g.writeOwnSegment(p, r.proto) }, emitPartial: partial, held: &r.x.st.acks, now: time.Now,
 			iss: rand.Uint32(), tsBase: rand.Uint32(), rcvWnd: rcvWnd, rcvShift: xlWindowShift,
 			linkMSS: uint16(min(mss, 0xffff)),
 		}, r.syn)
@@ -281,6 +281,7 @@ func (t *TranslatedFlow) Ended() bool {
 
 // Abort ends the flow with a RST to the client and an aborted socket.
 func (t *TranslatedFlow) Abort() {
+	t.r.x.st.resets.mark(t.r.tuple) // its entry may be gone: the RST still leaves (reset.go)
 	t.f.mu.Lock()
 	t.f.close(true)
 	t.f.mu.Unlock()

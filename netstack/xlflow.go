@@ -84,7 +84,10 @@ type xlFlow struct {
 	// payload whose checksum is partial, cut at mss payload bytes.
 	emitPartial func(p []byte, hdrLen, mss int)
 	gso         bool
-	now         func() time.Time
+	// held counts held ACKs by how their hold ended, with the gate's
+	// (ackhold.go): the same metric; nil in tests.
+	held *ackHolder
+	now  func() time.Time
 
 	state xlState
 
@@ -138,15 +141,16 @@ type xlConfig struct {
 	now         func() time.Time
 	iss         uint32
 	tsBase      uint32
-	rcvWnd      uint32 // the window to offer, in bytes (the socket's send buffer)
-	rcvShift    uint8  // our window scale, used when the client offered one
-	linkMSS     uint16 // the most a segment from us may carry on this link
+	rcvWnd      uint32     // the window to offer, in bytes (the socket's send buffer)
+	rcvShift    uint8      // our window scale, used when the client offered one
+	linkMSS     uint16     // the most a segment from us may carry on this link
+	held        *ackHolder // counts held ACKs (optional)
 }
 
 // newXLFlow makes the flow of the client's SYN and sends the SYN-ACK.
 func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 	f := &xlFlow{
-		sock: cfg.sock, w: cfg.w, emit: cfg.emit, emitPartial: cfg.emitPartial, gso: cfg.emitPartial != nil, now: cfg.now,
+		sock: cfg.sock, w: cfg.w, emit: cfg.emit, emitPartial: cfg.emitPartial, gso: cfg.emitPartial != nil, held: cfg.held, now: cfg.now,
 		irs: syn.seq, rcvNxt: syn.seq + 1, rcvWnd: cfg.rcvWnd,
 		iss: cfg.iss, sndUna: cfg.iss, sndNxt: cfg.iss + 1, sndWnd: uint32(syn.wnd),
 		ts: syn.ts, tsRecent: syn.tsVal, tsBase: cfg.tsBase, t0: cfg.now(), peerWS: syn.ws,
@@ -245,6 +249,9 @@ func (f *xlFlow) sendAround(p []byte, flags byte, n int) {
 	opts := o[:0]
 	if f.ts {
 		opts = tsOption(opts, f.tsNow(), f.tsRecent)
+	}
+	if f.ackHeld {
+		f.countHeld(heldSuperseded) // this segment carries the held ACK
 	}
 	partial := f.gso && n > 0
 	total := f.w.buildAround(p, f.sndNxt, f.rcvNxt, flags|tcpACK, f.window(), opts, n, partial)
@@ -590,6 +597,8 @@ func (f *xlFlow) flushAck() {
 	switch {
 	case f.state == xlClosed:
 	case f.ackHeld:
+		f.ackHeld = false
+		f.countHeld(heldExpired)
 		f.sendAck()
 	case f.wndShort && !f.sockFull && f.wndGrown():
 		f.sendAck()
@@ -618,6 +627,36 @@ func (f *xlFlow) writable() {
 	}
 }
 
+// endHeld counts an ACK still held when the flow ends as dropped.
+func (f *xlFlow) endHeld() {
+	if f.ackHeld {
+		f.ackHeld = false
+		f.countHeld(heldDropped)
+	}
+}
+
+// How a held ACK's hold ended, as the gate's ACK holder counts them.
+const (
+	heldSuperseded = iota
+	heldExpired
+	heldDropped
+)
+
+// countHeld counts a held ACK's end.
+func (f *xlFlow) countHeld(end int) {
+	if f.held == nil {
+		return
+	}
+	switch end {
+	case heldSuperseded:
+		f.held.superseded.Add(1)
+	case heldExpired:
+		f.held.expired.Add(1)
+	case heldDropped:
+		f.held.dropped.Add(1)
+	}
+}
+
 // maybeDone ends the flow once both FINs are through and ours is
 // acknowledged.
 func (f *xlFlow) maybeDone() {
@@ -625,6 +664,7 @@ func (f *xlFlow) maybeDone() {
 		f.state = xlClosed
 		f.rtoArmed = false
 		f.dropKept()
+		f.endHeld()
 	}
 }
 
@@ -638,6 +678,7 @@ func (f *xlFlow) close(reset bool) {
 	}
 	f.sock.Abort()
 	f.dropKept()
+	f.endHeld()
 	f.state = xlClosed
 	f.rtoArmed = false
 }

@@ -65,6 +65,7 @@ type TranslateRequest struct {
 	client netip.AddrPort
 	svc    netip.AddrPort
 	e      *xlEntry
+	at     time.Time // the SYN's arrival
 	once   sync.Once
 }
 
@@ -108,7 +109,7 @@ func (x *translator) syn(g *gate, t conntrack.Tuple, proto tcpip.NetworkProtocol
 	x.perAddr[client.Addr()]++
 	x.mu.Unlock()
 	r := &TranslateRequest{x: x, g: g, tuple: t, syn: s, raw: append([]byte(nil), b...), proto: proto,
-		client: client, svc: svc, e: e}
+		client: client, svc: svc, e: e, at: time.Now()}
 	r.syn.payload = nil
 	x.st.handlers.Add(1)
 	go x.handle(h, r)
@@ -203,8 +204,10 @@ type TranslatedFlow struct {
 // Accept answers the SYN with a SYN-ACK, with sock carrying the flow's
 // bytes (step 2). rcvWnd is the window to offer: the socket's send buffer.
 // wake ends the owner's wait for reads; waitWritable waits for the socket
-// to take bytes again, then calls its argument.
-func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(), waitWritable func(then func())) *TranslatedFlow {
+// to take bytes again, then calls its argument. bytes, if not nil, counts
+// the bytes moved: [client->endpoint (written to the socket),
+// endpoint->client (acknowledged by the client)].
+func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(), waitWritable func(then func()), bytes *[2]atomic.Uint64) *TranslatedFlow {
 	var t *TranslatedFlow
 	r.once.Do(func() {
 		r.release()
@@ -218,7 +221,8 @@ func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(
 			partial = func(p []byte, hdrLen, mss int) { r.g.writeOwnPartial(p, v6, w.ipLen(), hdrLen, mss) }
 		}
 		t.f = newXLFlow(xlConfig{
-			sock: sock, w: w, emit: func(p []byte) { r.g.writeOwnSegment(p, r.proto) }, emitPartial: partial, held: &r.x.st.acks, now: time.Now,
+			sock: sock, w: w, emit: func(p []byte) { r.g.writeOwnSegment(p, r.proto) }, emitPartial: partial, held: &r.x.st.acks, bytes: bytes, now: time.Now,
+			hsDeadline: r.at.Add(r.x.st.hsTimeout), hsAborted: &r.x.st.counters.handshakesAborted,
 			iss: rand.Uint32(), tsBase: rand.Uint32(), rcvWnd: rcvWnd, rcvShift: xlWindowShift,
 			linkMSS: uint16(min(mss, 0xffff)),
 		}, r.syn)

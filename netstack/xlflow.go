@@ -26,6 +26,7 @@ package netstack
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -87,7 +88,13 @@ type xlFlow struct {
 	// held counts held ACKs by how their hold ended, with the gate's
 	// (ackhold.go): the same metric; nil in tests.
 	held *ackHolder
-	now  func() time.Time
+	// bytes counts the bytes moved, [to the endpoint, to the client]; nil
+	// in tests.
+	bytes *[2]atomic.Uint64
+	// hsDeadline and hsAborted: xlConfig's.
+	hsDeadline time.Time
+	hsAborted  *atomic.Uint64
+	now        func() time.Time
 
 	state xlState
 
@@ -141,16 +148,22 @@ type xlConfig struct {
 	now         func() time.Time
 	iss         uint32
 	tsBase      uint32
-	rcvWnd      uint32     // the window to offer, in bytes (the socket's send buffer)
-	rcvShift    uint8      // our window scale, used when the client offered one
-	linkMSS     uint16     // the most a segment from us may carry on this link
-	held        *ackHolder // counts held ACKs (optional)
+	rcvWnd      uint32            // the window to offer, in bytes (the socket's send buffer)
+	rcvShift    uint8             // our window scale, used when the client offered one
+	linkMSS     uint16            // the most a segment from us may carry on this link
+	held        *ackHolder        // counts held ACKs (optional)
+	bytes       *[2]atomic.Uint64 // counts the bytes moved (optional)
+	// hsDeadline is when a client that has not completed its handshake
+	// is reset (the stack's HandshakeTimeout from its SYN; zero: never
+	// but by xlMaxBackoff); hsAborted counts those.
+	hsDeadline time.Time
+	hsAborted  *atomic.Uint64
 }
 
 // newXLFlow makes the flow of the client's SYN and sends the SYN-ACK.
 func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 	f := &xlFlow{
-		sock: cfg.sock, w: cfg.w, emit: cfg.emit, emitPartial: cfg.emitPartial, gso: cfg.emitPartial != nil, held: cfg.held, now: cfg.now,
+		sock: cfg.sock, w: cfg.w, emit: cfg.emit, emitPartial: cfg.emitPartial, gso: cfg.emitPartial != nil, held: cfg.held, bytes: cfg.bytes, hsDeadline: cfg.hsDeadline, hsAborted: cfg.hsAborted, now: cfg.now,
 		irs: syn.seq, rcvNxt: syn.seq + 1, rcvWnd: cfg.rcvWnd,
 		iss: cfg.iss, sndUna: cfg.iss, sndNxt: cfg.iss + 1, sndWnd: uint32(syn.wnd),
 		ts: syn.ts, tsRecent: syn.tsVal, tsBase: cfg.tsBase, t0: cfg.now(), peerWS: syn.ws,
@@ -339,6 +352,7 @@ func (f *xlFlow) ackInput(s clientSeg) {
 				f.close(true)
 				return
 			}
+			f.count(1, n)
 		}
 		f.sndUna = s.ack
 		f.progress = f.now()
@@ -418,6 +432,7 @@ func (f *xlFlow) dataInput(s clientSeg) {
 func (f *xlFlow) deliver(p []byte) bool {
 	n, err := f.sock.Write(p)
 	f.rcvNxt += uint32(n)
+	f.count(0, n)
 	if err != nil {
 		f.close(true)
 		return false
@@ -562,6 +577,13 @@ func (f *xlFlow) onRTO() bool {
 	if f.state == xlClosed || !f.rtoArmed {
 		return f.state != xlClosed
 	}
+	if f.state == xlSynRcvd && !f.hsDeadline.IsZero() && !f.now().Before(f.hsDeadline) {
+		if f.hsAborted != nil {
+			f.hsAborted.Add(1)
+		}
+		f.close(true) // the client did not complete its handshake in time
+		return false
+	}
 	if f.state == xlEstablished && f.now().Sub(f.progress) < f.rtoDelay() {
 		return true // armed once per flight: the flight moved since; armed again
 	}
@@ -587,7 +609,14 @@ func (f *xlFlow) onRTO() bool {
 }
 
 // rtoDelay is how long the owner arms the timer for.
-func (f *xlFlow) rtoDelay() time.Duration { return xlRTO << min(f.backoff, xlMaxBackoff) }
+// In the handshake it ends at the handshake's deadline at the latest.
+func (f *xlFlow) rtoDelay() time.Duration {
+	d := xlRTO << min(f.backoff, xlMaxBackoff)
+	if f.state == xlSynRcvd && !f.hsDeadline.IsZero() {
+		d = min(d, max(f.hsDeadline.Sub(f.now()), time.Millisecond))
+	}
+	return d
+}
 
 // flushAck sends the held ACK, if the flow still holds one, or a window
 // update once a short window can grow.
@@ -624,6 +653,13 @@ func (f *xlFlow) writable() {
 	f.sockFull = false
 	for range 1 + dupAckThresh {
 		f.sendAck()
+	}
+}
+
+// count counts n bytes moved in direction dir.
+func (f *xlFlow) count(dir, n int) {
+	if f.bytes != nil && n > 0 {
+		f.bytes[dir].Add(uint64(n))
 	}
 }
 

@@ -422,3 +422,25 @@ func TestXLFlowPartialSegments(t *testing.T) {
 		t.Fatalf("after the ACK: queue %d, partial writes %+v", len(h.sock.queue), got)
 	}
 }
+
+// TestXLFlowHandshakeDeadline: a client that does not complete its
+// handshake is reset at its deadline, the SYN-ACK's timer cut to it.
+func TestXLFlowHandshakeDeadline(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+	h.f.hsDeadline = h.now.Add(300 * time.Millisecond)
+	h.take()
+	h.now = h.now.Add(xlRTO)
+	if !h.f.onRTO() || len(h.take()) != 1 {
+		t.Fatalf("the SYN-ACK is not sent again")
+	}
+	if d := h.f.rtoDelay(); d != 100*time.Millisecond {
+		t.Fatalf("the timer is armed for %v, want the 100ms left", d)
+	}
+	h.now = h.now.Add(100 * time.Millisecond)
+	if h.f.onRTO() {
+		t.Fatalf("the flow lives on past its handshake's deadline")
+	}
+	if out := h.take(); len(out) != 1 || out[0].flags&tcpRST == 0 || !h.sock.aborted {
+		t.Fatalf("at the deadline: sent %+v, socket aborted %v", out, h.sock.aborted)
+	}
+}

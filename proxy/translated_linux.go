@@ -19,6 +19,8 @@ import (
 	"os"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/service"
@@ -76,7 +78,7 @@ func (p *Proxy) HandleTranslated(r *netstack.TranslateRequest) {
 		_ = rc.Write(func(uintptr) bool { return hc.writable() })
 		then()
 	}
-	t := r.Accept(sock, wnd, wake, waitWritable) // 3
+	t := r.Accept(sock, wnd, wake, waitWritable, &p.stats.bytes) // 3
 	defer t.Forget()
 	defer keepAliveLater(backend, endpointKeepAlive)()
 	p.stats.count(conntrack.TCP, ResultProxied)
@@ -90,6 +92,11 @@ func (p *Proxy) HandleTranslated(r *netstack.TranslateRequest) {
 		t.Abort()
 		_ = backend.Close()
 		return
+	}
+	if ce := p.logger.Check(zap.DebugLevel, "TCP flow started"); ce != nil {
+		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
+			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", pk.endpoint), zap.Stringer("way", way),
+			zap.Bool("translated", true))
 	}
 	stop := context.AfterFunc(r.Context(), t.Abort)
 	defer stop()

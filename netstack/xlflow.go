@@ -421,7 +421,14 @@ func (f *xlFlow) dataInput(s clientSeg) {
 		f.finIn = true
 		f.rcvNxt++
 		_ = f.sock.ShutdownWrite()
-		f.sendAck()
+		if f.finSent {
+			f.sendAck()
+		} else {
+			// The FIN's ACK waits, as the gate holds gVisor's (ackhold.go),
+			// for our FIN to carry it: the endpoint answers the half-close
+			// with its own, mostly at once.
+			f.ackHeld = true
+		}
 		f.maybeDone()
 	}
 }

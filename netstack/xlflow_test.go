@@ -327,13 +327,13 @@ func TestXLFlowEnd(t *testing.T) {
 	h.established(65535)
 	h.segment(tcpFIN, testISS+1, 65535, "bye")
 	out := h.take()
-	if !h.sock.shutdown || string(h.sock.written) != "bye" || len(out) != 1 || out[0].ack != testIRS+1+3+1 {
-		t.Fatalf("client's FIN: shutdown %v, socket %q, sent %+v", h.sock.shutdown, h.sock.written, out)
+	if !h.sock.shutdown || string(h.sock.written) != "bye" || len(out) != 0 || !h.f.ackHeld {
+		t.Fatalf("client's FIN: shutdown %v, socket %q, sent %+v, its ACK held %v", h.sock.shutdown, h.sock.written, out, h.f.ackHeld)
 	}
 	h.sock.queue, h.sock.eof = []byte("ok"), true
 	h.f.readable()
 	out = h.take()
-	if len(out) != 2 || string(out[0].payload) != "ok" || out[1].flags&tcpFIN == 0 || out[1].seq != testISS+1+2 {
+	if len(out) != 2 || string(out[0].payload) != "ok" || out[0].ack != testIRS+1+3+1 || out[1].flags&tcpFIN == 0 || out[1].seq != testISS+1+2 {
 		t.Fatalf("EOF: %+v", out)
 	}
 	if h.segment(0, testISS+1+2+1, 65535, "") {
@@ -341,6 +341,22 @@ func TestXLFlowEnd(t *testing.T) {
 	}
 	if h.sock.aborted {
 		t.Error("an orderly end aborted the socket")
+	}
+
+	// The endpoint ends first: the client's FIN after ours is
+	// acknowledged at once, and ends the flow.
+	h = newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+	h.established(65535)
+	h.sock.eof = true
+	h.f.readable()
+	if out := h.take(); len(out) != 1 || out[0].flags&tcpFIN == 0 {
+		t.Fatalf("the endpoint's EOF: %+v", out)
+	}
+	if h.segment(tcpFIN, testISS+2, 65535, "") {
+		t.Error("the flow goes on after both FINs were acknowledged")
+	}
+	if out := h.take(); len(out) != 1 || out[0].ack != testIRS+2 || out[0].flags&tcpFIN != 0 {
+		t.Fatalf("the client's FIN after ours: %+v", out)
 	}
 }
 

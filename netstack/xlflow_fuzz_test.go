@@ -1,0 +1,103 @@
+package netstack
+
+import (
+	"encoding/binary"
+	"testing"
+	"time"
+)
+
+// FuzzXLFlow drives a translated flow with any sequence of client segments
+// (in order or not, overlapping, past the window, with FINs and RSTs),
+// endpoint bytes and EOFs, a socket that fills and drains, and timers. It
+// checks that the flow never panics, that the socket only ever gets a
+// prefix of the client's byte stream, that every byte sent to the client is
+// the endpoint's at its sequence number and never one already acknowledged,
+// and that the kept segments stay bounded.
+func FuzzXLFlow(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 0, 100, 0, 2, 0, 0, 0, 50, 0, 1, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0})
+	f.Add([]byte{0, 0, 200, 0, 100, 0, 0, 0, 0, 0, 200, 1, 5, 0, 10, 0, 0, 0, 4, 0, 250, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		stream := func(seed byte, off, n int) []byte {
+			b := make([]byte, n)
+			for i := range b {
+				b[i] = seed + byte((off+i)*7)
+			}
+			return b
+		}
+		h := newXLHarness(t, clientSeg{mss: 536, ws: 2, ts: true, tsVal: 1, wnd: 1000})
+		h.sock.room = -1
+		queued := 0 // endpoint bytes put in the socket's queue so far
+		eof := false
+		check := func() {
+			if w := h.sock.written; string(w) != string(stream(1, 0, len(w))) {
+				t.Fatalf("the socket got bytes that are not the client's stream's prefix")
+			}
+			for _, s := range h.take() {
+				if len(s.payload) == 0 {
+					continue
+				}
+				off := int(s.seq - (testISS + 1))
+				discarded := queued - len(h.sock.queue)
+				if off < discarded || off+len(s.payload) > queued {
+					t.Fatalf("sent [%d, %d) with [%d, %d) acknowledged and queued", off, off+len(s.payload), discarded, queued)
+				}
+				if string(s.payload) != string(stream(2, off, len(s.payload))) {
+					t.Fatalf("sent bytes at %d that are not the endpoint's", off)
+				}
+			}
+			if len(h.f.kept) > xlKeptSegs {
+				t.Fatalf("%d segments kept", len(h.f.kept))
+			}
+		}
+		check()
+		for len(ops) >= 6 {
+			op, a, b, c := ops[0], int(binary.BigEndian.Uint16(ops[1:])), int(binary.BigEndian.Uint16(ops[3:])), ops[5]
+			ops = ops[6:]
+			h.f.mu.Lock()
+			una, nxt := h.f.sndUna, h.f.sndNxt
+			h.f.mu.Unlock()
+			ack := una + uint32(a)%(nxt-una+1)
+			if c&0x80 != 0 {
+				ack = uint32(a) * 65537 // anywhere
+			}
+			switch op % 7 {
+			case 0: // client data at an offset of its stream
+				off, n := a%6000, b%1500
+				var flags byte
+				if c&1 != 0 {
+					flags |= tcpFIN
+				}
+				h.seq = testIRS + 1 + uint32(off)
+				h.segment(flags, ack, uint16(b), string(stream(1, off, n)))
+			case 1: // a pure ACK
+				h.seq = testIRS + 1 + uint32(a%6000)
+				h.segment(0, ack, uint16(b), "")
+			case 2: // endpoint bytes
+				if !eof {
+					n := b % 3000
+					h.sock.queue = append(h.sock.queue, stream(2, queued, n)...)
+					queued += n
+				}
+				h.f.readable()
+			case 3: // the endpoint's EOF
+				eof, h.sock.eof = true, true
+				h.f.readable()
+			case 4: // time passes: the timers fire
+				h.now = h.now.Add(time.Duration(a) * time.Millisecond)
+				h.f.onRTO()
+				h.f.flushAck()
+			case 5: // the socket fills or drains
+				h.sock.room = a%5000 - 1
+				h.f.writable()
+			case 6: // a RST or a SYN, anywhere
+				h.seq = testIRS + uint32(a%100)
+				flags := byte(tcpRST)
+				if c&1 != 0 {
+					flags = tcpSYN
+				}
+				h.f.input(clientSeg{seq: h.seq, ack: ack, flags: flags, wnd: uint16(b), ws: -1})
+			}
+			check()
+		}
+	})
+}

@@ -30,10 +30,10 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // translateTCP runs the rig's TCP flows through the translator
-// (netstack/translate.go) rather than gVisor, as the binary does with
-// --experimental-tcp-translate: USERPROXY_TCP_TRANSLATE=1, the flag's
-// environment default, turns both on for a whole run of the suite.
-var translateTCP = os.Getenv("USERPROXY_TCP_TRANSLATE") == "1"
+// (netstack/translate.go), as the binary does by default (--tcp-translate);
+// USERPROXY_TCP_TRANSLATE=0, the flag's environment default, turns both to
+// gVisor's TCP for a whole run of the suite.
+var translateTCP = os.Getenv("USERPROXY_TCP_TRANSLATE") != "0"
 
 // testSeed returns USERPROXY_SEED if set, else def, and logs it.
 func testSeed(t testing.TB, def uint64) uint64 {

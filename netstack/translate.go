@@ -1,6 +1,6 @@
 package netstack
 
-// The translator (BRANCH WORK): TCP flows carried without gVisor, their
+// The translator: TCP flows carried without gVisor, their
 // sequence space following the endpoint socket's queues (xlflow.go).
 //
 //  1. The gate hands an admitted SYN to the translator instead of gVisor,
@@ -14,9 +14,10 @@ package netstack
 //     not a host socket), whose forwarder then hands it to HandleTCP.
 //  3. The client's later segments go to the flow on the gate's goroutine;
 //     its segments go out through the gate's classification.
-//  4. The flow stays registered, ended or not, until Forget (its conntrack
-//     entry's end), so that late segments of an ended flow are dropped here
-//     rather than answered by gVisor with a RST.
+//  4. The flow stays registered, ended or not, until Forget (its handler's
+//     end), so that late segments of an ending flow are dropped here rather
+//     than answered by gVisor with a RST; after that, gVisor answers them
+//     as a closed port does.
 
 import (
 	"context"

@@ -1,24 +1,30 @@
 package netstack
 
-// A translated flow's TCP toward the client (BRANCH WORK, not wired yet):
-// the service's side of one connection, whose sequence space follows the
-// endpoint socket's queues, pasta's design (BENCHMARKS.md, "What building it
-// takes"). The flow keeps no bytes of its own:
+// A translated flow's TCP toward the client: the service's side of one
+// connection, whose sequence space follows the endpoint socket's queues,
+// pasta's design (BENCHMARKS.md, "What building it takes"). The flow keeps
+// no bytes of its own but the few segments a reordering left past a gap:
 //
 //  1. Receive: the client's in-order payload is written to the endpoint
-//     socket, and only what the socket took is acknowledged. The window
-//     offered is rcvWnd while the socket takes everything, 0 after a short
-//     write; when the socket drains (writable), a window update and three
-//     duplicate ACKs ask the client to send the rest again at once.
-//     Out-of-order data is dropped and answered with a duplicate ACK.
+//     socket, and only what the socket took is acknowledged; the ACK of a
+//     lone segment, or of a FIN, waits (xlAckDelay) for our next segment to
+//     carry it. The window offered follows the socket's free space, and
+//     grows again by a window update when the socket drains (wndShort); a
+//     short write all the same closes it, and when the socket drains a
+//     window update and three duplicate ACKs ask the client to send the
+//     rest again at once. Segments past a gap are kept (xlKeptSegs) until
+//     it fills, and answered with a duplicate ACK.
 //  2. Send: unacknowledged bytes stay in the socket's receive queue. They
 //     are peeked from the peek offset (sndNxt-sndUna past the queue's head)
-//     as far as the client's window goes, and discarded when the client
-//     acknowledges them. A retransmission timeout, or three duplicate ACKs,
-//     rewind the peek offset to the acknowledged point.
+//     as far as the client's window goes, straight into the segment's
+//     buffer, and discarded when the client acknowledges them. Over a link
+//     that offloads, a segment holds up to 64 KiB for the kernel to cut at
+//     the MSS, its checksum left partial. A retransmission timeout, or
+//     three duplicate ACKs, rewind the peek offset to the acknowledged
+//     point.
 //  3. End: the client's FIN half-closes the socket; the socket's EOF, once
 //     every byte before it is sent, becomes our FIN. A RST either way ends
-//     the flow.
+//     the flow, as does a handshake not completed by its deadline.
 //
 // Timers belong to the flow's owner: the flow says what it wants armed
 // (rtoArmed; ackHeld or wndShort) and the owner calls onRTO and flushAck.

@@ -1,6 +1,6 @@
 package proxy
 
-// Translated TCP flows (BRANCH WORK, netstack/translate.go): the proxy
+// Translated TCP flows (netstack/translate.go, --tcp-translate): the proxy
 // routes and dials as for HandleTCP, then hands the endpoint socket to the
 // translator instead of splicing it to a gVisor connection.
 //

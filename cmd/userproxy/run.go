@@ -128,7 +128,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.tunnelIdle, "apiserver-tunnel-idle", 30*time.Second, "how long a pod's tunnel through the API server stays open without flows")
 	fs.IntVar(&f.maxInFlight, "max-inflight", 1024, "TCP handshakes waiting for their endpoint at once; further SYNs are dropped (counted)")
 	fs.IntVar(&f.maxInFlightClient, "max-inflight-per-client", 128, "one client address's share of --max-inflight")
-	fs.BoolVar(&f.tcpTranslate, "experimental-tcp-translate", os.Getenv("USERPROXY_TCP_TRANSLATE") == "1", "carry TCP flows without gVisor, their sequence space following the endpoint sockets' (experimental)")
+	fs.BoolVar(&f.tcpTranslate, "tcp-translate", os.Getenv("USERPROXY_TCP_TRANSLATE") != "0", "carry TCP flows to endpoints dialled directly without gVisor's TCP: their sequence space follows the endpoint sockets' (false: gVisor terminates them; the default follows USERPROXY_TCP_TRANSLATE=0|1)")
 	fs.IntVar(&f.maxUDPSessions, "max-udp-sessions", 65536, "concurrent UDP flows; further flows are refused (counted as table_full)")
 	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "time a client has to complete its TCP handshake, from its SYN: the endpoint dial runs within it")
 	fs.BoolVar(&f.profiling, "profiling", false, "serve Go's profiles on the admin server under /debug/pprof/")

@@ -33,7 +33,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // (netstack/translate.go), as the binary does by default (--tcp-translate);
 // USERPROXY_TCP_TRANSLATE=0, the flag's environment default, turns both to
 // gVisor's TCP for a whole run of the suite.
-var translateTCP = os.Getenv("USERPROXY_TCP_TRANSLATE") != "0"
+// On a kernel without SO_PEEK_OFF for TCP it is off, as the binary turns
+// it off.
+var translateTCP = os.Getenv("USERPROXY_TCP_TRANSLATE") != "0" && proxy.TranslateSupported() == nil
 
 // testSeed returns USERPROXY_SEED if set, else def, and logs it.
 func testSeed(t testing.TB, def uint64) uint64 {

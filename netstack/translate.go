@@ -67,6 +67,8 @@ type TranslateRequest struct {
 	svc    netip.AddrPort
 	e      *xlEntry
 	at     time.Time // the SYN's arrival
+	// released: the request's in-flight slot was given back (release).
+	released atomic.Bool
 	once   sync.Once
 }
 
@@ -131,8 +133,11 @@ func (x *translator) handle(h TranslatedHandler, r *TranslateRequest) {
 	h.HandleTranslated(r)
 }
 
-// release ends r's share of the in-flight bound.
+// release ends r's share of the in-flight bound, once.
 func (r *TranslateRequest) release() {
+	if r.released.Swap(true) {
+		return
+	}
 	x := r.x
 	x.mu.Lock()
 	x.pending--
@@ -211,7 +216,9 @@ type TranslatedFlow struct {
 func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(), waitWritable func(then func()), bytes *[2]atomic.Uint64) *TranslatedFlow {
 	var t *TranslatedFlow
 	r.once.Do(func() {
-		r.release()
+		// The in-flight slot is kept until the client completes its
+		// handshake (input) or the flow ends (Forget), as gVisor's
+		// handshakes keep theirs.
 		w := r.writer()
 		mtu := int(r.g.MTU())
 		mss := mtu - w.ipLen() - header.TCPMinimumSize
@@ -231,8 +238,9 @@ func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(
 		t.timer.Stop()
 		t.ack = time.AfterFunc(time.Hour, t.flushAck)
 		t.ack.Stop()
+		r.e.flow.Store(t) // before the SYN-ACK: the client's answer finds the flow
+		t.f.start()
 		t.syncTimers()
-		r.e.flow.Store(t)
 	})
 	return t
 }
@@ -245,6 +253,9 @@ func (t *TranslatedFlow) input(b []byte) {
 	}
 	if !t.f.input(s) {
 		t.wake()
+	}
+	if t.f.handshaken() {
+		t.r.release()
 	}
 	if t.Full() && t.waiting.CompareAndSwap(false, true) {
 		go t.waitWritable(func() {
@@ -296,6 +307,7 @@ func (t *TranslatedFlow) Abort() {
 
 // Forget unregisters the flow (step 4) and stops its timers.
 func (t *TranslatedFlow) Forget() {
+	t.r.release()
 	t.r.unregister()
 	t.tm.Lock()
 	t.timer.Stop()
@@ -315,12 +327,15 @@ const xlAckDelay = ackHold
 // syncTimers arms or stops the flow's timers as its state asks. The
 // retransmission timer is armed once per flight, not per segment.
 func (t *TranslatedFlow) syncTimers() {
-	f := t.f
-	f.mu.Lock()
-	rto, held, d := f.rtoArmed, (f.ackHeld || f.wndShort) && f.state != xlClosed, f.rtoDelay()
-	f.mu.Unlock()
+	// tm first, then the flow's state: a decision read earlier and applied
+	// later could stop a timer another goroutine's newer one armed.
 	t.tm.Lock()
 	defer t.tm.Unlock()
+	f := t.f
+	f.mu.Lock()
+	open := f.state != xlClosed
+	rto, held, d := f.rtoArmed, open && (f.ackHeld || (f.wndShort && !f.sockFull)), f.rtoDelay()
+	f.mu.Unlock()
 	switch {
 	case rto && !t.rtoOn:
 		t.rtoOn = true

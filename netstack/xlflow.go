@@ -108,6 +108,7 @@ type xlFlow struct {
 	irs      uint32
 	rcvNxt   uint32
 	rcvWnd   uint32 // offered while the socket takes everything, in bytes
+	maxWnd   uint32 // the most an offer can say: rcvWnd within 0xffff<<rcvShift
 	rcvShift uint8
 	rcvAdv   uint32 // the right edge of the last window offered
 	sockFull bool   // a write was short: the window offered is 0
@@ -124,6 +125,10 @@ type xlFlow struct {
 	sndUna   uint32
 	sndNxt   uint32
 	sndWnd   uint32 // bytes the client takes past sndUna
+	sndMax   uint32 // the highest sequence number sent, plus one
+	recover  uint32 // sndMax at the last rewind: no fast retransmit before it is acknowledged (RFC 6582)
+	sndWl1   uint32 // the sequence and acknowledgment numbers of the segment
+	sndWl2   uint32 // that last set sndWnd (RFC 9293 3.10.7.4)
 	sndShift uint8
 	peerWS   int // the SYN's window scale option, -1 for none
 	mss      int // the MSS: the SYN-ACK's, and the client's limit
@@ -131,6 +136,7 @@ type xlFlow struct {
 	unacked  int // bytes received since our last ACK
 	dupAcks  int
 	finSent  bool // our FIN is sndNxt-1
+	finSeen  bool // our FIN was sent: it is sndMax-1
 	rtoArmed bool
 	backoff  int
 	progress time.Time // the last ACK that moved sndUna, or the first send after an idle spell
@@ -185,8 +191,28 @@ func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 	if syn.ws >= 0 {
 		f.sndShift, f.rcvShift = uint8(syn.ws), cfg.rcvShift
 	}
-	f.sendSynAck()
+	// The most a window offer can say: rcvWnd, or 64 KiB when the client
+	// takes no scale.
+	f.maxWnd = min(f.rcvWnd, 0xffff<<f.rcvShift)
+	f.sndMax, f.recover = f.sndNxt, f.sndNxt
+	f.sndWl1, f.sndWl2 = syn.seq, f.iss
 	return f
+}
+
+// handshaken reports whether the client completed its handshake, or the
+// flow ended.
+func (f *xlFlow) handshaken() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state != xlSynRcvd
+}
+
+// start sends the SYN-ACK; the owner calls it once the flow is where the
+// client's answer finds it.
+func (f *xlFlow) start() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sendSynAck()
 }
 
 func (f *xlFlow) sendSynAck() {
@@ -216,16 +242,16 @@ func (f *xlFlow) window() uint16 {
 		return 0
 	}
 	left := int(int32(f.rcvAdv - f.rcvNxt))
-	if left < int(f.rcvWnd)/2 {
+	if left < int(f.maxWnd)/2 {
 		if sp, err := f.sock.Space(); err == nil {
-			left = max(left, min(sp, int(f.rcvWnd)))
+			left = max(left, min(sp, int(f.maxWnd)))
 		}
 	}
 	w := min(left>>f.rcvShift, 0xffff)
 	if edge := f.rcvNxt + uint32(w<<f.rcvShift); int32(edge-f.rcvAdv) > 0 {
 		f.rcvAdv = edge
 	}
-	f.wndShort = int32(f.rcvAdv-f.rcvNxt) < int32(f.rcvWnd/2)
+	f.wndShort = int32(f.rcvAdv-f.rcvNxt) < int32(f.maxWnd/2)
 	return uint16(w)
 }
 
@@ -238,8 +264,8 @@ func (f *xlFlow) wndGrown() bool {
 	if err != nil {
 		return false
 	}
-	edge := f.rcvNxt + uint32(min(sp, int(f.rcvWnd)))
-	return int32(edge-f.rcvAdv) >= int32(min(f.rcvWnd/4, uint32(2*f.mss)))
+	edge := f.rcvNxt + uint32(min(sp, int(f.maxWnd)))
+	return int32(edge-f.rcvAdv) >= int32(min(f.maxWnd/4, uint32(2*f.mss)))
 }
 
 // xlSegmentMax is the most a segment of ours holds under host GSO: the
@@ -336,6 +362,9 @@ func (f *xlFlow) input(s clientSeg) bool {
 		f.rtoArmed = false
 	}
 	f.ackInput(s)
+	if f.state == xlClosed {
+		return false
+	}
 	f.dataInput(s)
 	if f.state == xlClosed {
 		return false
@@ -345,12 +374,15 @@ func (f *xlFlow) input(s clientSeg) bool {
 }
 
 // ackInput processes the client's acknowledgment and window (step 2).
+// An acknowledgment up to sndMax counts, past a rewind's sndNxt too: the
+// client got those bytes before the rewind.
 func (f *xlFlow) ackInput(s clientSeg) {
 	wnd := uint32(s.wnd) << f.sndShift
-	switch d := int32(s.ack - f.sndUna); {
-	case d > 0 && int32(f.sndNxt-s.ack) >= 0:
+	d := int32(s.ack - f.sndUna)
+	switch {
+	case d > 0 && int32(f.sndMax-s.ack) >= 0:
 		n := int(d)
-		if f.finSent && s.ack == f.sndNxt {
+		if f.finSeen && s.ack == f.sndMax {
 			n-- // the FIN's own number
 		}
 		if n > 0 {
@@ -361,16 +393,41 @@ func (f *xlFlow) ackInput(s clientSeg) {
 			f.count(1, n)
 		}
 		f.sndUna = s.ack
+		if int32(f.sndNxt-s.ack) < 0 {
+			// Past a rewind's sndNxt: the peek offset, moved back by the
+			// discard, stops at the queue's head, which is sndUna now.
+			f.sndNxt = s.ack
+			f.finSent = f.finSeen && s.ack == f.sndMax
+		}
 		f.progress = f.now()
 		f.dupAcks, f.backoff = 0, 0
 		f.rtoArmed = f.sndUna != f.sndNxt
 		f.maybeDone()
 	case d == 0 && len(s.payload) == 0 && s.flags&tcpFIN == 0 && wnd == f.sndWnd && f.sndNxt != f.sndUna:
-		if f.dupAcks++; f.dupAcks == dupAckThresh {
-			f.rewind() // RFC 5681 3.2: fast retransmit
+		// RFC 5681 3.2: fast retransmit, not again before the last
+		// rewind's sends are acknowledged (RFC 6582's recovery point).
+		if f.dupAcks++; f.dupAcks == dupAckThresh && int32(f.sndUna-f.recover) >= 0 {
+			f.rewind()
 		}
+	case d == 0 && f.sndNxt == f.sndUna:
+		f.backoff = 0 // an answer to a window probe: the client is there (Linux's icsk_probes_out reset)
 	}
-	f.sndWnd = wnd
+	if d < 0 {
+		return // an old acknowledgment: its window is old too
+	}
+	if int32(s.seq-f.sndWl1) > 0 || (s.seq == f.sndWl1 && int32(s.ack-f.sndWl2) >= 0) {
+		f.sndWnd, f.sndWl1, f.sndWl2 = wnd, s.seq, s.ack // RFC 9293 3.10.7.4
+	}
+}
+
+// noteSent moves sndMax up to sndNxt.
+func (f *xlFlow) noteSent() {
+	if int32(f.sndNxt-f.sndMax) > 0 {
+		f.sndMax = f.sndNxt
+	}
+	if f.finSent {
+		f.finSeen = true
+	}
 }
 
 // dataInput writes the client's payload to the socket and takes its FIN
@@ -468,8 +525,7 @@ const xlKeptSegs = 8
 
 type keptSeg struct {
 	seq uint32
-	bp  *[]byte // from packetPool
-	n   int
+	b   []byte
 }
 
 // keep keeps s, past a gap, if it fits.
@@ -482,14 +538,13 @@ func (f *xlFlow) keep(s clientSeg) {
 	for i < len(f.kept) && int32(f.kept[i].seq-s.seq) < 0 {
 		i++
 	}
-	if i < len(f.kept) && f.kept[i].seq == s.seq && f.kept[i].n >= len(s.payload) {
+	if i < len(f.kept) && f.kept[i].seq == s.seq && len(f.kept[i].b) >= len(s.payload) {
 		return // a copy of one kept
 	}
-	bp := packetPool.Get().(*[]byte)
-	n := copy(*bp, s.payload)
+	b := append([]byte(nil), s.payload...) // its own size: a kept byte costs a byte
 	f.kept = append(f.kept, keptSeg{})
 	copy(f.kept[i+1:], f.kept[i:])
-	f.kept[i] = keptSeg{seq: s.seq, bp: bp, n: n}
+	f.kept[i] = keptSeg{seq: s.seq, b: b}
 }
 
 // drainKept writes the kept segments the gap's filling made in order; it
@@ -503,22 +558,16 @@ func (f *xlFlow) drainKept() bool {
 			break // still a gap
 		}
 		f.kept = f.kept[:copy(f.kept, f.kept[1:])]
-		if d < k.n {
+		if d < len(k.b) {
 			wrote = true
-			f.deliver((*k.bp)[d:k.n])
+			f.deliver(k.b[d:])
 		}
-		packetPool.Put(k.bp)
 	}
 	return wrote
 }
 
 // dropKept forgets the kept segments.
-func (f *xlFlow) dropKept() {
-	for _, k := range f.kept {
-		packetPool.Put(k.bp)
-	}
-	f.kept = nil
-}
+func (f *xlFlow) dropKept() { f.kept = nil }
 
 // pump sends what the socket holds and the client's window takes.
 func (f *xlFlow) pump() {
@@ -557,6 +606,7 @@ func (f *xlFlow) pump() {
 			f.send(tcpFIN)
 			f.sndNxt++
 			f.finSent = true
+			f.noteSent()
 			f.rtoArmed = true
 			f.maybeDone()
 			return
@@ -566,6 +616,7 @@ func (f *xlFlow) pump() {
 		}
 		f.sendAround(*bp, 0x08, r) // PSH
 		f.sndNxt += uint32(r)
+		f.noteSent()
 		f.rtoArmed = true
 		// A short peek does not end the loop: the endpoint's FIN may have
 		// come with the bytes, and no readiness would follow it.
@@ -580,6 +631,7 @@ func (f *xlFlow) rewind() {
 	}
 	f.sndNxt = f.sndUna
 	f.finSent = false
+	f.recover = f.sndMax
 	f.pump()
 }
 

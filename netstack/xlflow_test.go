@@ -86,6 +86,7 @@ func newXLHarness(t *testing.T, syn clientSeg) *xlHarness {
 		sock: h.sock, w: *testSegWriter(t, "10.96.0.10:80", "10.0.0.7:40000"), emit: h.emit,
 		now: func() time.Time { return h.now }, iss: testISS, tsBase: 7000, rcvWnd: 1 << 20, rcvShift: 7, linkMSS: 65000,
 	}, syn)
+	h.f.start()
 	return h
 }
 
@@ -458,5 +459,53 @@ func TestXLFlowHandshakeDeadline(t *testing.T) {
 	}
 	if out := h.take(); len(out) != 1 || out[0].flags&tcpRST == 0 || !h.sock.aborted {
 		t.Fatalf("at the deadline: sent %+v, socket aborted %v", out, h.sock.aborted)
+	}
+}
+
+// TestXLFlowUnscaledWindow: a client that takes no window scale is offered
+// 64 KiB at most, and that full offer is not "short": no timer polls the
+// socket for a larger one it could not say.
+func TestXLFlowUnscaledWindow(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+	h.established(65535)
+	h.segment(0, testISS+1, 65535, "ping")
+	h.f.flushAck()
+	out := h.take()
+	if len(out) != 1 || out[0].wnd != 0xffff-4 || h.f.wndShort {
+		t.Fatalf("ACK %+v, window short %v", out, h.f.wndShort)
+	}
+}
+
+// TestXLFlowAckPastRewind: an acknowledgment of bytes sent before a rewind,
+// past the rewind's sends, is taken (RFC 9293: up to the highest sent), and
+// a client that answers every window probe is probed on, not reset.
+func TestXLFlowAckPastRewind(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: -1, wnd: 10})
+	h.established(10)
+	h.sock.queue = []byte("0123456789abcdefghijklmnopqrst")
+	h.f.readable()
+	h.segment(0, testISS+1+10, 20, "") // 10 taken, room for 20 more
+	if h.f.sndNxt != testISS+1+30 {
+		t.Fatalf("sent up to %d", h.f.sndNxt-testISS-1)
+	}
+	h.segment(0, testISS+1+10, 5, "") // the window shrinks
+	h.now = h.now.Add(xlRTO)
+	h.f.onRTO() // rewinds, and sends again what 5 bytes of window take
+	if h.f.sndNxt != testISS+1+15 || h.f.sndMax != testISS+1+30 {
+		t.Fatalf("after the rewind: sndNxt %d, sndMax %d", h.f.sndNxt-testISS-1, h.f.sndMax-testISS-1)
+	}
+	h.take()
+	h.segment(0, testISS+1+30, 0, "") // the client had it all
+	if h.f.sndUna != testISS+1+30 || h.f.sndNxt != testISS+1+30 || len(h.sock.queue) != 0 {
+		t.Fatalf("the ACK past the rewind: sndUna %d, sndNxt %d, queue %q", h.f.sndUna-testISS-1, h.f.sndNxt-testISS-1, h.sock.queue)
+	}
+	h.sock.queue = []byte("more")
+	h.f.readable() // the window is 0: a probe is due
+	for range 3 * xlMaxBackoff {
+		h.now = h.now.Add(h.f.rtoDelay())
+		if !h.f.onRTO() {
+			t.Fatal("the flow was reset while the client answered its probes")
+		}
+		h.segment(0, testISS+1+30, 0, "") // the probe's answer: still 0
 	}
 }

@@ -458,8 +458,25 @@ func (c *hostConn) translatable() (netstack.EndpointSocket, uint32, error) {
 	}
 	c.file() // into the poller: the owner waits on its RawConn
 	// The kernel doubles the size asked for, for its overhead: the
-	// payload it takes is about half of what SO_SNDBUF reports.
-	return xlSocket{c: c, room: sndbuf / 2}, xlWindow, nil
+	// payload it takes is about half of what SO_SNDBUF reports. The window
+	// offered is never more than that.
+	room := sndbuf / 2
+	return xlSocket{c: c, room: room}, uint32(min(xlWindow, room)), nil
+}
+
+// TranslateSupported reports why this kernel cannot carry translated TCP
+// flows, if it cannot: they peek from an offset (SO_PEEK_OFF), which TCP
+// sockets take since Linux 6.10 (EOPNOTSUPP before).
+func TranslateSupported() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("a TCP socket to probe SO_PEEK_OFF: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PEEK_OFF, 0); err != nil {
+		return fmt.Errorf("SO_PEEK_OFF on a TCP socket (Linux 6.10 and later): %w", err)
+	}
+	return nil
 }
 
 // xlSocket is a hostConn as the translator's EndpointSocket: raw,
@@ -507,7 +524,10 @@ func (s xlSocket) Peek(b []byte) (int, error) {
 }
 
 func (s xlSocket) Discard(n int) error {
-	_, err := s.recv(nil, n, unix.MSG_TRUNC)
+	r, err := s.recv(nil, n, unix.MSG_TRUNC)
+	if err == nil && r != n {
+		err = fmt.Errorf("discarded %d of %d acknowledged bytes", r, n)
+	}
 	return err
 }
 

@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 )
@@ -13,3 +14,7 @@ import (
 func dialHost(ctx context.Context, ep netip.AddrPort) (net.Conn, error) {
 	return defaultDialer.DialContext(ctx, "tcp", ep.String())
 }
+
+// TranslateSupported reports that translated TCP flows need Linux
+// (hostdial_linux.go).
+func TranslateSupported() error { return errors.New("translated TCP flows need Linux") }

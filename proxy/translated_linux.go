@@ -57,17 +57,19 @@ func (p *Proxy) HandleTranslated(r *netstack.TranslateRequest) {
 		return
 	}
 	hc, ok := backend.(*hostConn)
-	if !ok {
-		pk.release()
-		resetTCP(backend)
-		r.Refuse()
-		return
+	var (
+		sock netstack.EndpointSocket
+		wnd  uint32
+	)
+	if ok {
+		sock, wnd, err = hc.translatable()
 	}
-	sock, wnd, err := hc.translatable()
-	if err != nil {
+	if !ok || err != nil {
+		// Not a socket the translator can carry: gVisor's TCP takes the
+		// flow, and dials again (TranslateSupported makes this rare).
 		pk.release()
 		resetTCP(backend)
-		r.Refuse()
+		r.Fallback()
 		return
 	}
 	rc := hc.rawConn()

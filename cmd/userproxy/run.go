@@ -377,6 +377,12 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if responder != nil {
 		defer configureHostDNS(hostDNS{tun: tun.name, ip: f.dns.addr, domain: f.dns.domain, enabled: f.dns.hostConfig}, logger.Named("dns"))()
 	}
+	if f.tcpTranslate {
+		if err := proxy.TranslateSupported(); err != nil {
+			logger.Warn("TCP flows are terminated by gVisor's stack, not translated", zap.Error(err))
+			f.tcpTranslate = false
+		}
+	}
 	st, err := netstack.New(netstack.Options{Link: tun.link, Conntrack: ct, Reassembler: defrag, Admit: px.Admit, Logger: logger.Named("netstack"),
 		MaxInFlight: f.maxInFlight, MaxInFlightPerClient: f.maxInFlightClient, HandshakeTimeout: f.handshakeTimeout,
 		TranslateTCP: f.tcpTranslate})

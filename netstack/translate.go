@@ -69,7 +69,7 @@ type TranslateRequest struct {
 	at     time.Time // the SYN's arrival
 	// released: the request's in-flight slot was given back (release).
 	released atomic.Bool
-	once   sync.Once
+	once     sync.Once
 }
 
 // Tuple returns the flow's Original-direction tuple.

@@ -417,12 +417,13 @@ func (g *gate) writeOwn(pkts stack.PacketBufferList) (int, tcpip.Error) {
 	return g.WritePackets(pkts)
 }
 
-// writeOwnBytes is writeOwn for a UDP datagram the gate built whole in b,
-// written through bytesOut (which must be set) without a PacketBuffer. It
-// does what WritePackets does for such a packet: counted, classified in the
-// Reply direction, dropped and counted if INVALID, else written. What
-// WritePackets does besides is for TCP segments only, and the size check is
-// the caller's (b fits the MTU).
+// writeOwnBytes is writeOwn for a packet the gate built whole in b (a UDP
+// reply, a translated flow's segment), written through bytesOut (which must
+// be set) without a PacketBuffer. It does what WritePackets does for such a
+// packet: counted, a RST after its flow's entry let out (reset.go), else
+// classified in the Reply direction, dropped and counted if INVALID, else
+// written. What WritePackets does besides is for gVisor's own TCP segments,
+// and the size check is the caller's (b fits the MTU).
 func (g *gate) writeOwnBytes(b []byte) tcpip.Error {
 	g.own.RLock()
 	defer g.own.RUnlock()
@@ -430,6 +431,10 @@ func (g *gate) writeOwnBytes(b []byte) tcpip.Error {
 		return &tcpip.ErrClosedForSend{}
 	}
 	g.counters.outbound.Add(1)
+	if _, ok := g.resets.passOut(b); ok {
+		g.counters.resetsOut.Add(1)
+		return g.bytesOut.WriteBytes(b)
+	}
 	if _, ok := g.classifyOut(b, len(b)); !ok {
 		return nil // dropped, as WritePackets reports a dropped packet
 	}
@@ -441,10 +446,7 @@ func (g *gate) writeOwnBytes(b []byte) tcpip.Error {
 // PacketBuffer. Failures are counted as the link's write errors.
 func (g *gate) writeOwnSegment(b []byte, proto tcpip.NetworkProtocolNumber) {
 	var err tcpip.Error
-	if _, ok := g.resets.passOut(b); ok && g.bytesOut != nil {
-		g.counters.resetsOut.Add(1) // a RST after the flow's entry (reset.go)
-		err = g.bytesOut.WriteBytes(b)
-	} else if g.bytesOut != nil {
+	if g.bytesOut != nil {
 		err = g.writeOwnBytes(b)
 	} else {
 		pkt := newPacket(b, proto)

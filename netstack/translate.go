@@ -251,27 +251,27 @@ func (t *TranslatedFlow) input(b []byte) {
 	if !ok {
 		return
 	}
-	if !t.f.input(s) {
+	t.f.input(s)
+	st := t.syncTimers() // the flow's state, read once per segment
+	if st.closed {
 		t.wake()
 	}
-	if t.f.handshaken() {
-		t.r.release()
+	if !st.synRcvd && !t.r.released.Load() {
+		t.r.release() // the handshake is complete, or the flow ended
 	}
-	if t.Full() && t.waiting.CompareAndSwap(false, true) {
+	if st.full && t.waiting.CompareAndSwap(false, true) {
 		go t.waitWritable(func() {
 			t.waiting.Store(false)
 			t.Writable()
 		})
 	}
-	t.syncTimers()
 }
 
 // Readable is the owner's report that the endpoint socket has bytes or its
 // EOF; it reports whether the flow has ended.
 func (t *TranslatedFlow) Readable() bool {
 	t.f.readable()
-	t.syncTimers()
-	return t.Ended()
+	return t.syncTimers().closed
 }
 
 // Writable is the owner's report that the endpoint socket, full before,
@@ -279,13 +279,6 @@ func (t *TranslatedFlow) Readable() bool {
 func (t *TranslatedFlow) Writable() {
 	t.f.writable()
 	t.syncTimers()
-}
-
-// Full reports whether the flow waits for the socket to take bytes again.
-func (t *TranslatedFlow) Full() bool {
-	t.f.mu.Lock()
-	defer t.f.mu.Unlock()
-	return t.f.sockFull && t.f.state != xlClosed
 }
 
 // Ended reports whether the flow is over.
@@ -326,31 +319,34 @@ const xlAckDelay = ackHold
 
 // syncTimers arms or stops the flow's timers as its state asks. The
 // retransmission timer is armed once per flight, not per segment.
-func (t *TranslatedFlow) syncTimers() {
+func (t *TranslatedFlow) syncTimers() flowState {
 	// tm first, then the flow's state: a decision read earlier and applied
 	// later could stop a timer another goroutine's newer one armed.
 	t.tm.Lock()
 	defer t.tm.Unlock()
 	f := t.f
 	f.mu.Lock()
-	open := f.state != xlClosed
-	rto, held, d := f.rtoArmed, open && (f.ackHeld || (f.wndShort && !f.sockFull)), f.rtoDelay()
+	st := flowState{closed: f.state == xlClosed, synRcvd: f.state == xlSynRcvd, full: f.sockFull && f.state != xlClosed}
+	rto, held, d := f.rtoArmed, !st.closed && (f.ackHeld || (f.wndShort && !f.sockFull)), f.rtoDelay()
 	f.mu.Unlock()
+	setTimer(t.timer, &t.rtoOn, rto, d)
+	setTimer(t.ack, &t.ackOn, held, xlAckDelay)
+	return st
+}
+
+// flowState is what syncTimers read of the flow, for its caller.
+type flowState struct{ closed, synRcvd, full bool }
+
+// setTimer arms tm for d when want and it is not on, or stops it when on
+// and not wanted; on says which it is.
+func setTimer(tm *time.Timer, on *bool, want bool, d time.Duration) {
 	switch {
-	case rto && !t.rtoOn:
-		t.rtoOn = true
-		t.timer.Reset(d)
-	case !rto && t.rtoOn:
-		t.rtoOn = false
-		t.timer.Stop()
-	}
-	switch {
-	case held && !t.ackOn:
-		t.ackOn = true
-		t.ack.Reset(xlAckDelay)
-	case !held && t.ackOn:
-		t.ackOn = false
-		t.ack.Stop()
+	case want && !*on:
+		*on = true
+		tm.Reset(d)
+	case !want && *on:
+		*on = false
+		tm.Stop()
 	}
 }
 
@@ -372,7 +368,7 @@ func (t *TranslatedFlow) flushAck() {
 	t.syncTimers()
 }
 
-// translatedFlow returns the registered flow of t, if any, and whether t
+// lookup returns the registered flow of t, if any, and whether t
 // is registered at all (a request or a flow): the gate's question.
 func (x *translator) lookup(t conntrack.Tuple) (*TranslatedFlow, bool) {
 	if x.n.Load() == 0 {

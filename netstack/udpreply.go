@@ -90,37 +90,17 @@ func (r *UDPRequest) replyDirect(b []byte) (bool, error) {
 // buildReply writes into p, sized to fit, the datagram that carries b from
 // the service address to the client, and returns its network protocol.
 func (r *UDPRequest) buildReply(p, b []byte) tcpip.NetworkProtocolNumber {
-	total := len(p)
 	var src, dst tcpip.Address
-	var proto tcpip.NetworkProtocolNumber
-	hlen := header.IPv6MinimumSize
+	proto := header.IPv6ProtocolNumber
 	if r.client.Addr().Is4() {
-		hlen = header.IPv4MinimumSize
 		src, dst = tcpip.AddrFrom4(r.svc.Addr().As4()), tcpip.AddrFrom4(r.client.Addr().As4())
 		proto = header.IPv4ProtocolNumber
-		ip := header.IPv4(p)
-		ip.Encode(&header.IPv4Fields{
-			TotalLength: uint16(total),
-			Flags:       header.IPv4FlagDontFragment,
-			TTL:         replyTTL,
-			Protocol:    uint8(header.UDPProtocolNumber),
-			SrcAddr:     src,
-			DstAddr:     dst,
-		})
-		ip.SetChecksum(^ip.CalculateChecksum())
 	} else {
 		src, dst = tcpip.AddrFrom16(r.svc.Addr().As16()), tcpip.AddrFrom16(r.client.Addr().As16())
-		proto = header.IPv6ProtocolNumber
-		header.IPv6(p).Encode(&header.IPv6Fields{
-			PayloadLength:     uint16(header.UDPMinimumSize + len(b)),
-			TransportProtocol: header.UDPProtocolNumber,
-			HopLimit:          replyTTL,
-			SrcAddr:           src,
-			DstAddr:           dst,
-		})
 	}
-	u := header.UDP(p[hlen:])
 	ulen := uint16(header.UDPMinimumSize + len(b))
+	hlen := putIPHeader(p, src, dst, header.UDPProtocolNumber, int(ulen))
+	u := header.UDP(p[hlen:])
 	u.Encode(&header.UDPFields{SrcPort: r.svc.Port(), DstPort: r.client.Port(), Length: ulen})
 	copy(u.Payload(), b)
 	xsum := header.PseudoHeaderChecksum(header.UDPProtocolNumber, src, dst, ulen)
@@ -130,4 +110,33 @@ func (r *UDPRequest) buildReply(p, b []byte) tcpip.NetworkProtocolNumber {
 	}
 	binary.BigEndian.PutUint16(u[6:], xsum) // a sum of 0 is sent as 0xffff (RFC 768)
 	return proto
+}
+
+// putIPHeader writes at p's start the IP header of a packet the gate builds
+// itself (a UDP reply; a translated TCP flow's segment, xlseg.go) carrying
+// transportLen bytes of proto from src to dst, and returns its length:
+// IPv4 with DF set and its checksum, or IPv6, by src's family; TTL
+// replyTTL.
+func putIPHeader(p []byte, src, dst tcpip.Address, proto tcpip.TransportProtocolNumber, transportLen int) int {
+	if src.Len() == header.IPv4AddressSize {
+		ip := header.IPv4(p)
+		ip.Encode(&header.IPv4Fields{
+			TotalLength: uint16(header.IPv4MinimumSize + transportLen),
+			Flags:       header.IPv4FlagDontFragment,
+			TTL:         replyTTL,
+			Protocol:    uint8(proto),
+			SrcAddr:     src,
+			DstAddr:     dst,
+		})
+		ip.SetChecksum(^ip.CalculateChecksum())
+		return header.IPv4MinimumSize
+	}
+	header.IPv6(p).Encode(&header.IPv6Fields{
+		PayloadLength:     uint16(transportLen),
+		TransportProtocol: proto,
+		HopLimit:          replyTTL,
+		SrcAddr:           src,
+		DstAddr:           dst,
+	})
+	return header.IPv6MinimumSize
 }

@@ -199,14 +199,6 @@ func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 	return f
 }
 
-// handshaken reports whether the client completed its handshake, or the
-// flow ended.
-func (f *xlFlow) handshaken() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.state != xlSynRcvd
-}
-
 // start sends the SYN-ACK; the owner calls it once the flow is where the
 // client's answer finds it.
 func (f *xlFlow) start() {

@@ -99,10 +99,6 @@ func (w *segWriter) ipLen() int {
 	return header.IPv4MinimumSize
 }
 
-// segTTL is the TTL (hop limit) of the translator's segments, the
-// kernel's default.
-const segTTL = 64
-
 // build writes into p, which must hold ipLen()+20+len(opts)+len(payload)
 // bytes, the segment with these fields, and returns its length. opts must
 // be a multiple of 4 bytes long.
@@ -122,26 +118,7 @@ func (w *segWriter) buildAround(p []byte, seq, ack uint32, flags byte, wnd uint1
 	il := w.ipLen()
 	total := il + tcpLen
 	p = p[:total]
-	if w.v6 {
-		header.IPv6(p).Encode(&header.IPv6Fields{
-			PayloadLength:     uint16(tcpLen),
-			TransportProtocol: header.TCPProtocolNumber,
-			HopLimit:          segTTL,
-			SrcAddr:           w.src,
-			DstAddr:           w.dst,
-		})
-	} else {
-		ip := header.IPv4(p)
-		ip.Encode(&header.IPv4Fields{
-			TotalLength: uint16(total),
-			Flags:       header.IPv4FlagDontFragment,
-			TTL:         segTTL,
-			Protocol:    uint8(header.TCPProtocolNumber),
-			SrcAddr:     w.src,
-			DstAddr:     w.dst,
-		})
-		ip.SetChecksum(^ip.CalculateChecksum())
-	}
+	putIPHeader(p, w.src, w.dst, header.TCPProtocolNumber, tcpLen)
 	t := header.TCP(p[il:])
 	t.Encode(&header.TCPFields{
 		SrcPort:    w.sport,

@@ -34,12 +34,12 @@ func TestSegmentRoundTrip(t *testing.T) {
 
 		if w.v6 {
 			ip := header.IPv6(p)
-			if ip.PayloadLength() != uint16(n-header.IPv6MinimumSize) || ip.HopLimit() != segTTL {
+			if ip.PayloadLength() != uint16(n-header.IPv6MinimumSize) || ip.HopLimit() != replyTTL {
 				t.Fatalf("%s: IPv6 header %x", tc.svc, p[:40])
 			}
 		} else {
 			ip := header.IPv4(p)
-			if !ip.IsChecksumValid() || int(ip.TotalLength()) != n || ip.TTL() != segTTL {
+			if !ip.IsChecksumValid() || int(ip.TotalLength()) != n || ip.TTL() != replyTTL {
 				t.Fatalf("%s: IPv4 header %x", tc.svc, p[:20])
 			}
 		}

@@ -44,6 +44,7 @@ type GateStats struct {
 	TCPInFlight                 int
 	InFlightLimited             uint64
 	HandlerPanics               uint64
+	FlowPanics                  uint64
 	HandshakesAborted           uint64
 	ResetsAfterEntry            uint64
 	SegmentsAfterEntry          uint64
@@ -491,6 +492,8 @@ func gateGroup(snap func() GateStats) metricGroup {
 			func(s *GateStats) uint64 { return s.LinkUnsupported }),
 		counter(own("gate_handler_panics_total"), "Flow handler panics the stack recovered from.",
 			func(s *GateStats) uint64 { return s.HandlerPanics }),
+		counter(own("gate_translated_flow_panics_total"), "Translated TCP flows reset because their TCP code panicked (each logged with its stack).",
+			func(s *GateStats) uint64 { return s.FlowPanics }),
 		counter(own("gate_handshakes_aborted_total"), "TCP handshakes aborted because the client did not complete them in time.",
 			func(s *GateStats) uint64 { return s.HandshakesAborted }),
 		labeled(own("gate_reset_after_entry_packets_total"), "Packets of TCP flows ended after their conntrack entry was gone (flush, expiry) let through so that the client gets its RST: RSTs out, and client segments in for the stack to answer with one.",

@@ -88,6 +88,7 @@ type gateCounters struct {
 	outboundWriteError atomic.Uint64
 	inFlightLimited    atomic.Uint64
 	handlerPanics      atomic.Uint64
+	flowPanics         atomic.Uint64 // translated flows ended by a panic in their TCP
 	handshakesAborted  atomic.Uint64
 	resetsOut          atomic.Uint64 // RSTs of flows whose entry was gone
 	resetsIn           atomic.Uint64 // client segments of such flows, for gVisor to answer

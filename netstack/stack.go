@@ -396,6 +396,9 @@ type Stats struct {
 	InFlightLimited uint64
 	// HandlerPanics counts flow handler panics the stack recovered from.
 	HandlerPanics uint64
+	// FlowPanics counts translated flows ended (reset both ways) because
+	// their TCP code panicked.
+	FlowPanics uint64
 	// HandshakesAborted counts handshakes aborted because the client did
 	// not complete them within HandshakeTimeout (or at Close).
 	HandshakesAborted uint64
@@ -435,7 +438,7 @@ func (st *Stack) Stats() Stats {
 		Accepted: c.accepted.Load(), Oversized: c.oversized.Load(),
 		LinkUnsupported: linkUnsupported,
 		TCPInFlight:     inflight, InFlightLimited: c.inFlightLimited.Load(),
-		HandlerPanics: c.handlerPanics.Load(), HandshakesAborted: c.handshakesAborted.Load(),
+		HandlerPanics: c.handlerPanics.Load(), FlowPanics: c.flowPanics.Load(), HandshakesAborted: c.handshakesAborted.Load(),
 		ResetsAfterEntry: c.resetsOut.Load(), SegmentsAfterEntry: c.resetsIn.Load(),
 		SYNACKWaitsWritten: st.synAcks.written.Load(), SYNACKWaitsTimedOut: st.synAcks.timedOut.Load(),
 		AcksSuperseded: acks.superseded.Load(), AcksExpired: acks.expired.Load(),

@@ -247,6 +247,7 @@ func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(
 
 // input is the gate's: a client segment b of the flow (step 3).
 func (t *TranslatedFlow) input(b []byte) {
+	defer t.contain()
 	s, ok := parseClientSeg(b)
 	if !ok {
 		return
@@ -269,7 +270,8 @@ func (t *TranslatedFlow) input(b []byte) {
 
 // Readable is the owner's report that the endpoint socket has bytes or its
 // EOF; it reports whether the flow has ended.
-func (t *TranslatedFlow) Readable() bool {
+func (t *TranslatedFlow) Readable() (ended bool) {
+	defer t.containEnded(&ended)
 	t.f.readable()
 	return t.syncTimers().closed
 }
@@ -277,8 +279,41 @@ func (t *TranslatedFlow) Readable() bool {
 // Writable is the owner's report that the endpoint socket, full before,
 // takes bytes again.
 func (t *TranslatedFlow) Writable() {
+	defer t.contain()
 	t.f.writable()
 	t.syncTimers()
+}
+
+// contain, deferred by every entry into the flow's TCP, ends a flow whose
+// code panicked: reset both ways, counted and logged with its stack. A
+// fault in one flow's TCP ends that flow, never the process (the gate calls
+// input on the TUN's reader, which every flow shares). This is defence in
+// depth: a panic it catches is a bug to fix. The flow's own lock is free
+// again by then: every method that takes it releases it in a defer.
+func (t *TranslatedFlow) contain() {
+	if p := recover(); p != nil {
+		t.contained(p)
+	}
+}
+
+// containEnded is contain for an entry that reports whether the flow
+// ended: it has, once a panic ended it.
+func (t *TranslatedFlow) containEnded(ended *bool) {
+	if p := recover(); p != nil {
+		t.contained(p)
+		*ended = true
+	}
+}
+
+func (t *TranslatedFlow) contained(p any) {
+	st := t.r.x.st
+	st.counters.flowPanics.Add(1)
+	st.logger.Error("translated TCP flow panicked: reset", zap.Any("panic", p),
+		zap.Stringer("client", t.r.client), zap.Stringer("service", t.r.svc), zap.ByteString("stack", debug.Stack()))
+	func() {
+		defer func() { _ = recover() }() // a close that panics too leaves the flow to its owner's end
+		t.Abort()
+	}()
 }
 
 // Ended reports whether the flow is over.
@@ -351,6 +386,7 @@ func setTimer(tm *time.Timer, on *bool, want bool, d time.Duration) {
 }
 
 func (t *TranslatedFlow) onRTO() {
+	defer t.contain()
 	t.tm.Lock()
 	t.rtoOn = false
 	t.tm.Unlock()
@@ -361,6 +397,7 @@ func (t *TranslatedFlow) onRTO() {
 }
 
 func (t *TranslatedFlow) flushAck() {
+	defer t.contain()
 	t.tm.Lock()
 	t.ackOn = false
 	t.tm.Unlock()

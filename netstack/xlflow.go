@@ -131,7 +131,8 @@ type xlFlow struct {
 	sndWl2   uint32 // that last set sndWnd (RFC 9293 3.10.7.4)
 	sndShift uint8
 	peerWS   int // the SYN's window scale option, -1 for none
-	mss      int // the MSS: the SYN-ACK's, and the client's limit
+	advMSS   int // the MSS our SYN-ACK announces: what the link carries to us
+	mss      int // the client's limit (sendMSS), what it sends us at most too
 	sendMSS  int // the payload of a full segment of ours, options taken off
 	unacked  int // bytes received since our last ACK
 	dupAcks  int
@@ -172,6 +173,32 @@ type xlConfig struct {
 	hsAborted  *atomic.Uint64
 }
 
+// The send MSS's bounds. A SYN without the option means 536 bytes over
+// IPv4 and 1220 over IPv6 (RFC 9293 3.7.1, RFC 8200 8.3's 1280-byte
+// minimum MTU less the headers). An announced MSS below xlMinMSS is taken
+// as xlMinMSS, as Linux takes it as net.ipv4.tcp_min_snd_mss (48 by
+// default, since CVE-2019-11479): a smaller one would leave no room for the
+// payload once the options are taken off (a zero or negative segment
+// length), or cut each 64 KiB of GSO into tens of thousands of segments.
+const (
+	xlMinMSS      = 48
+	xlDefaultMSS4 = 536
+	xlDefaultMSS6 = 1220
+)
+
+// sendMSS is the MSS the flow sends with: the client's announced one
+// (announced 0: its default), within the link's and at least xlMinMSS.
+func sendMSS(announced uint16, linkMSS int, v6 bool) int {
+	mss := int(announced)
+	if mss == 0 {
+		mss = xlDefaultMSS4
+		if v6 {
+			mss = xlDefaultMSS6
+		}
+	}
+	return max(min(mss, linkMSS), xlMinMSS)
+}
+
 // newXLFlow makes the flow of the client's SYN and sends the SYN-ACK.
 func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 	f := &xlFlow{
@@ -180,10 +207,8 @@ func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 		iss: cfg.iss, sndUna: cfg.iss, sndNxt: cfg.iss + 1, sndWnd: uint32(syn.wnd),
 		ts: syn.ts, tsRecent: syn.tsVal, tsBase: cfg.tsBase, t0: cfg.now(), peerWS: syn.ws,
 	}
-	f.mss = int(cfg.linkMSS)
-	if syn.mss != 0 && int(syn.mss) < f.mss {
-		f.mss = int(syn.mss)
-	}
+	f.advMSS = int(cfg.linkMSS)
+	f.mss = sendMSS(syn.mss, int(cfg.linkMSS), cfg.w.v6)
 	f.sendMSS = f.mss
 	if syn.ts {
 		f.sendMSS -= 12 // the MSS counts no options (RFC 6691): ours carry timestamps
@@ -213,7 +238,7 @@ func (f *xlFlow) sendSynAck() {
 		wnd = min(wnd, uint32(sp))
 	}
 	f.rcvAdv = f.rcvNxt + wnd
-	opts := synAckOptions(nil, clientSeg{ws: f.peerWS, ts: f.ts, tsVal: f.tsRecent}, uint16(f.mss), f.rcvShift, f.tsNow())
+	opts := synAckOptions(nil, clientSeg{ws: f.peerWS, ts: f.ts, tsVal: f.tsRecent}, uint16(f.advMSS), f.rcvShift, f.tsNow())
 	f.build(f.iss, tcpSYN|tcpACK, uint16(wnd), opts, nil)
 	f.rtoArmed = true
 }

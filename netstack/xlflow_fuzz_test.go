@@ -6,17 +6,25 @@ import (
 	"time"
 )
 
-// FuzzXLFlow drives a translated flow with any sequence of client segments
-// (in order or not, overlapping, past the window, with FINs and RSTs),
-// endpoint bytes and EOFs, a socket that fills and drains, and timers. It
-// checks that the flow never panics, that the socket only ever gets a
-// prefix of the client's byte stream, that every byte sent to the client is
-// the endpoint's at its sequence number and never one already acknowledged,
-// and that the kept segments stay bounded.
+// FuzzXLFlow drives a translated flow with any SYN options (any MSS,
+// window scale, timestamps, SACK-permitted, malformed lengths: the SYN's
+// option bytes are parsed as the gate parses them), over a link with or
+// without offloads, then any sequence of client segments (in order or not,
+// overlapping, past the window, with FINs and RSTs), endpoint bytes and
+// EOFs, a socket that fills and drains, and timers. It checks that the flow
+// never panics, that the socket only ever gets a prefix of the client's
+// byte stream, that every byte sent to the client is the endpoint's at its
+// sequence number and never one already acknowledged, that no segment
+// carries more than the MSS allows, and that the kept segments stay
+// bounded.
 func FuzzXLFlow(f *testing.F) {
-	f.Add([]byte{0, 0, 0, 0, 100, 0, 2, 0, 0, 0, 50, 0, 1, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0})
-	f.Add([]byte{0, 0, 200, 0, 100, 0, 0, 0, 0, 0, 200, 1, 5, 0, 10, 0, 0, 0, 4, 0, 250, 0, 0, 0})
-	f.Fuzz(func(t *testing.T, ops []byte) {
+	mss := func(v uint16) []byte { return []byte{2, 4, byte(v >> 8), byte(v)} }
+	f.Add(append(mss(536), 3, 3, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0), false, []byte{0, 0, 0, 0, 100, 0, 2, 0, 0, 0, 50, 0, 1, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0})
+	f.Add(append(mss(536), 3, 3, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0), true, []byte{0, 0, 200, 0, 100, 0, 0, 0, 0, 0, 200, 1, 5, 0, 10, 0, 0, 0, 4, 0, 250, 0, 0, 0})
+	f.Add(append(mss(12), 8, 10, 0, 0, 0, 1, 0, 0, 0, 0), false, []byte{2, 0, 0, 11, 184, 0, 3, 0, 0, 0, 0, 0})
+	f.Add(mss(1), true, []byte{2, 0, 0, 11, 184, 0, 3, 0, 0, 0, 0, 0})
+	f.Add([]byte{2, 3, 0, 8, 1}, false, []byte{2, 0, 0, 11, 184, 0})
+	f.Fuzz(func(t *testing.T, synOpts []byte, gso bool, ops []byte) {
 		stream := func(seed byte, off, n int) []byte {
 			b := make([]byte, n)
 			for i := range b {
@@ -24,7 +32,23 @@ func FuzzXLFlow(f *testing.F) {
 			}
 			return b
 		}
-		h := newXLHarness(t, clientSeg{mss: 536, ws: 2, ts: true, tsVal: 1, wnd: 1000})
+		// The SYN, its options as sent (padded to a multiple of 4 bytes
+		// with EOL), read back by the gate's parser.
+		if len(synOpts) > 40 {
+			synOpts = synOpts[:40]
+		}
+		opts := append(append([]byte(nil), synOpts...), make([]byte, (4-len(synOpts)%4)%4)...)
+		w := testSegWriter(t, "10.0.0.7:40000", "10.96.0.10:80")
+		pkt := make([]byte, 100)
+		syn, ok := parseClientSeg(pkt[:w.build(pkt, testIRS, 0, tcpSYN, 1000, opts, nil)])
+		if !ok {
+			t.Fatalf("the SYN with options %x does not parse", opts)
+		}
+		h := newXLHarnessLink(t, syn, 1460, gso)
+		segMax := h.f.sendMSS
+		if segMax <= 0 || segMax > 1460 {
+			t.Fatalf("send MSS %d from the SYN's options %x", segMax, opts)
+		}
 		h.sock.room = -1
 		queued := 0 // endpoint bytes put in the socket's queue so far
 		eof := false
@@ -35,6 +59,9 @@ func FuzzXLFlow(f *testing.F) {
 			for _, s := range h.take() {
 				if len(s.payload) == 0 {
 					continue
+				}
+				if len(s.payload) > segMax {
+					t.Fatalf("a segment of %d bytes with a send MSS of %d", len(s.payload), segMax)
 				}
 				off := int(s.seq - (testISS + 1))
 				discarded := queued - len(h.sock.queue)

@@ -2,6 +2,7 @@ package netstack
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -80,14 +81,47 @@ const (
 )
 
 func newXLHarness(t *testing.T, syn clientSeg) *xlHarness {
+	return newXLHarnessLink(t, syn, 65000, false)
+}
+
+// newXLHarnessLink is newXLHarness over a link of MSS linkMSS; with gso,
+// the link offloads: data segments come out whole through emitPartial,
+// which checks the MSS they are to be cut at and cuts them as the kernel
+// would, so that the harness sees the segments the client would get.
+func newXLHarnessLink(t *testing.T, syn clientSeg, linkMSS uint16, gso bool) *xlHarness {
 	h := &xlHarness{t: t, sock: &fakeSocket{room: -1}, now: time.Unix(1000, 0), seq: testIRS + 1}
 	syn.seq, syn.flags = testIRS, tcpSYN
-	h.f = newXLFlow(xlConfig{
+	cfg := xlConfig{
 		sock: h.sock, w: *testSegWriter(t, "10.96.0.10:80", "10.0.0.7:40000"), emit: h.emit,
-		now: func() time.Time { return h.now }, iss: testISS, tsBase: 7000, rcvWnd: 1 << 20, rcvShift: 7, linkMSS: 65000,
-	}, syn)
+		now: func() time.Time { return h.now }, iss: testISS, tsBase: 7000, rcvWnd: 1 << 20, rcvShift: 7, linkMSS: linkMSS,
+	}
+	if gso {
+		cfg.emitPartial = h.emitPartial
+	}
+	h.f = newXLFlow(cfg, syn)
 	h.f.start()
 	return h
+}
+
+// emitPartial cuts a GSO segment p, whose headers are hdrLen bytes long,
+// into segments of at most mss bytes of payload, as the kernel does.
+func (h *xlHarness) emitPartial(p []byte, hdrLen, mss int) {
+	if mss <= 0 || len(p) <= hdrLen {
+		h.t.Fatalf("a GSO segment of %d bytes, headers %d, to be cut at MSS %d", len(p), hdrLen, mss)
+	}
+	if segs := (len(p) - hdrLen + mss - 1) / mss; segs > 2048 {
+		h.t.Fatalf("a GSO segment cut into %d segments of %d bytes", segs, mss)
+	}
+	s, ok := parseClientSeg(p)
+	if !ok {
+		h.t.Fatalf("the flow emitted what is not a TCP segment: %x", p)
+	}
+	for off := 0; off < len(s.payload); off += mss {
+		c := s
+		c.seq += uint32(off)
+		c.payload = append([]byte(nil), s.payload[off:min(off+mss, len(s.payload))]...)
+		h.out = append(h.out, c)
+	}
 }
 
 func (h *xlHarness) emit(p []byte) {
@@ -137,7 +171,9 @@ func (h *xlHarness) established(wnd uint16) {
 func TestXLFlowExchange(t *testing.T) {
 	h := newXLHarness(t, clientSeg{mss: 1460, ws: 7, ts: true, tsVal: 42, wnd: 64240})
 	synAck := h.out[0]
-	if synAck.mss != 1460 || synAck.ws != 7 || !synAck.ts || synAck.tsEcr != 42 || synAck.tsVal != 7000 {
+	// The SYN-ACK's MSS is what the link carries to us, whatever the
+	// client's (RFC 9293 3.7.1: each side announces what it receives).
+	if synAck.mss != 65000 || synAck.ws != 7 || !synAck.ts || synAck.tsEcr != 42 || synAck.tsVal != 7000 {
 		t.Fatalf("SYN-ACK options: %+v", synAck)
 	}
 	h.established(502) // x 128
@@ -507,5 +543,63 @@ func TestXLFlowAckPastRewind(t *testing.T) {
 			t.Fatal("the flow was reset while the client answered its probes")
 		}
 		h.segment(0, testISS+1+30, 0, "") // the probe's answer: still 0
+	}
+}
+
+// TestXLFlowTinyMSS: a SYN announcing a tiny MSS, or none, with and without
+// timestamps, over a link with and without offloads, gets a working flow:
+// the MSS is floored at Linux's tcp_min_snd_mss (48, CVE-2019-11479), an
+// absent one is RFC 9293's 536, and every segment carries payload within
+// it. MSS 12 with timestamps once divided by zero on the TUN's reader.
+func TestXLFlowTinyMSS(t *testing.T) {
+	const answer = 3000
+	for _, mss := range []uint16{0, 1, 12, 40, 48, 88, 1460} {
+		for _, ts := range []bool{false, true} {
+			for _, gso := range []bool{false, true} {
+				t.Run(fmt.Sprintf("mss %d ts %v gso %v", mss, ts, gso), func(t *testing.T) {
+					h := newXLHarnessLink(t, clientSeg{mss: mss, ws: 7, ts: ts, tsVal: 42, wnd: 64240}, 1460, gso)
+					if synAck := h.out[0]; synAck.mss != 1460 {
+						t.Fatalf("SYN-ACK MSS %d; want the link's 1460", synAck.mss)
+					}
+					h.established(0xffff)
+					want := max(int(mss), xlMinMSS)
+					if mss == 0 {
+						want = xlDefaultMSS4
+					}
+					if ts {
+						want -= 12
+					}
+					h.sock.queue = bytes.Repeat([]byte("0123456789"), answer/10)
+					h.sock.eof = true
+					var got []byte
+					fin := false
+					for round := 0; round < 1000 && !fin; round++ {
+						h.f.readable()
+						out := h.take()
+						if len(out) == 0 {
+							t.Fatalf("round %d: nothing sent; %d bytes received, FIN %v", round, len(got), fin)
+						}
+						for _, s := range out {
+							if len(s.payload) > want || (len(s.payload) == 0 && s.flags&tcpFIN == 0) {
+								t.Fatalf("a segment of %d bytes (flags %#x); want 1 to %d", len(s.payload), s.flags, want)
+							}
+							if int(s.seq-(testISS+1)) != len(got) {
+								t.Fatalf("segment at %d after %d bytes", s.seq-(testISS+1), len(got))
+							}
+							got = append(got, s.payload...)
+							fin = s.flags&tcpFIN != 0
+						}
+						ack := testISS + 1 + uint32(len(got))
+						if fin {
+							ack++
+						}
+						h.segment(0, ack, 0xffff, "")
+					}
+					if !fin || !bytes.Equal(got, bytes.Repeat([]byte("0123456789"), answer/10)) {
+						t.Fatalf("got %d bytes, FIN %v; want the endpoint's %d and its FIN", len(got), fin, answer)
+					}
+				})
+			}
+		}
 	}
 }

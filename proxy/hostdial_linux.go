@@ -123,6 +123,16 @@ func dialHost(ctx context.Context, ep netip.AddrPort) (net.Conn, error) {
 		_ = unix.Close(fd)
 		return nil, dialError(ep, "setsockopt", err)
 	}
+	// The endpoint's urgent data stays in the byte stream (RFC 6093 5: a
+	// middlebox passes it inline; the URG flag does not cross the proxy
+	// either way), set before the connection exists so that no urgent
+	// byte comes first. Without it, a read skips the urgent byte while
+	// SO_PEEK_OFF counts it, and MSG_TRUNC stops at its mark: a translated
+	// flow sent the client a byte twice and was then reset.
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil {
+		_ = unix.Close(fd)
+		return nil, dialError(ep, "setsockopt", err)
+	}
 	pending := false
 	switch err := unix.Connect(fd, sa); {
 	case err == nil:
@@ -523,12 +533,21 @@ func (s xlSocket) Peek(b []byte) (int, error) {
 	return s.recv(b, len(b), unix.MSG_PEEK)
 }
 
+// Discard drops n bytes. A receive stops at the urgent mark after
+// bytes before it (tcp_recvmsg_locked, urgent data inline or not), so a
+// discard across the mark takes two calls.
 func (s xlSocket) Discard(n int) error {
-	r, err := s.recv(nil, n, unix.MSG_TRUNC)
-	if err == nil && r != n {
-		err = fmt.Errorf("discarded %d of %d acknowledged bytes", r, n)
+	for left := n; left > 0; {
+		r, err := s.recv(nil, left, unix.MSG_TRUNC)
+		if err == nil && r == 0 {
+			err = fmt.Errorf("discarded %d of %d acknowledged bytes", n-left, n)
+		}
+		if err != nil {
+			return err
+		}
+		left -= r
 	}
-	return err
+	return nil
 }
 
 func (s xlSocket) recv(b []byte, n, flags int) (int, error) {

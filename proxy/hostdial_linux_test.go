@@ -467,3 +467,78 @@ func TestHostConnRawIO(t *testing.T) {
 		}
 	})
 }
+
+// TestTranslatedSocketUrgentData: an endpoint that sends urgent data in
+// the middle of its stream: the translator's peeks from offsets and its
+// discards see one stream with the urgent byte inline (SO_OOBINLINE), then
+// the EOF. Without it the peeks skipped the urgent byte while the peek
+// offset counted it, and a discard stopped at the mark.
+func TestTranslatedSocketUrgentData(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	sent := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			sent <- err
+			return
+		}
+		defer c.Close()
+		rc, _ := c.(*net.TCPConn).SyscallConn()
+		var serr error
+		for _, w := range []struct {
+			b     string
+			flags int
+		}{{"AB", 0}, {"U", unix.MSG_OOB}, {"CD", 0}} {
+			_ = rc.Write(func(fd uintptr) bool {
+				serr = unix.Sendto(int(fd), []byte(w.b), w.flags, nil)
+				return serr != unix.EAGAIN
+			})
+			if serr != nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond) // a segment each
+		}
+		sent <- serr
+	}()
+	c, err := dialHost(context.Background(), ln.Addr().(*net.TCPAddr).AddrPort())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sock, _, err := c.(*hostConn).translatable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatalf("the endpoint's sends: %v", err)
+	}
+	time.Sleep(50 * time.Millisecond) // the endpoint's bytes and FIN are queued here
+	var got []byte
+	buf := make([]byte, 2)
+	for len(got) < 10 {
+		n, err := sock.Peek(buf)
+		if err != nil {
+			t.Fatalf("peek after %q: %v", got, err)
+		}
+		if n == 0 {
+			break
+		}
+		got = append(got, buf[:n]...)
+	}
+	if string(got) != "ABUCD" {
+		t.Fatalf("peeked %q; want %q", got, "ABUCD")
+	}
+	if err := sock.Discard(5); err != nil {
+		t.Fatalf("discarding what was peeked: %v", err)
+	}
+	if err := sock.SetPeekOffset(0); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := sock.Peek(buf); n != 0 || err != nil {
+		t.Fatalf("after the discard: %d bytes, %v; want the EOF", n, err)
+	}
+}

@@ -86,7 +86,8 @@ type Options struct {
 	// connection freed. 0 means 10 s. (gVisor alone retransmits the SYN-ACK
 	// for about two minutes.)
 	HandshakeTimeout time.Duration
-	// Now is the clock of the rate limiter; nil means time.Now.
+	// Now is the clock of the rate limiter and of the translator's
+	// half-open handshakes' ages; nil means time.Now.
 	Now func() time.Time
 	// Logger; nil means zap.NewNop().
 	Logger *zap.Logger
@@ -100,6 +101,7 @@ type Stack struct {
 	link   *Link
 	ct     *conntrack.Table
 	logger *zap.Logger
+	now    func() time.Time
 
 	admit    atomic.Pointer[AdmitFunc]
 	handler  atomic.Pointer[handlerBox]
@@ -167,6 +169,7 @@ func New(opts Options) (*Stack, error) {
 		link:        opts.Link,
 		ct:          opts.Conntrack,
 		logger:      opts.Logger,
+		now:         opts.Now,
 		maxInFlight: opts.MaxInFlight,
 		perClient:   opts.MaxInFlightPerClient,
 		hsTimeout:   opts.HandshakeTimeout,
@@ -213,6 +216,7 @@ func (st *Stack) build(opts Options) error {
 	lg.acks = &st.acks
 	if opts.TranslateTCP {
 		st.xl = translator{st: st, perAddr: make(map[netip.Addr]int)}
+		st.xl.kept.Store(xlKeptTotal)
 		lg.xl = &st.xl // translate.go
 	}
 	st.gates[inProcNIC] = newGate(ours, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)

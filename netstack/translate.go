@@ -7,7 +7,13 @@ package netstack
 //     when the stack translates and the segment is one it reads
 //     (parseClientSeg). Bounded as gVisor's handshakes are: MaxInFlight in
 //     all, MaxInFlightPerClient per client address; past that the SYN is
-//     dropped and the client retransmits.
+//     dropped, its conntrack entry with it, and the client's retransmission
+//     comes back here. A handshake holds its slot until the client
+//     completes it; when every slot is taken, the oldest handshake whose
+//     SYN-ACK has gone unanswered for xlHalfOpenAge is reset to make room
+//     (as Linux prunes its SYN queue's old requests under pressure,
+//     reqsk_timer_handler), so that a flood of spoofed SYNs keeps a real
+//     client out for a second, not for the whole handshake timeout.
 //  2. The handler (TranslatedHandler) routes and dials, then Accept answers
 //     the SYN (SYN-ACK) with the endpoint socket attached; Refuse answers a
 //     RST; Fallback gives the SYN to gVisor after all (an endpoint that is
@@ -20,6 +26,7 @@ package netstack
 //     as a closed port does.
 
 import (
+	"container/list"
 	"context"
 	"math/rand/v2"
 	"net/netip"
@@ -48,7 +55,17 @@ type translator struct {
 	mu      sync.Mutex
 	pending int
 	perAddr map[netip.Addr]int
+	// kept is the bytes the flows may still keep past gaps, all
+	// together (xlsack.go).
+	kept atomic.Int64
+	// halfOpen holds the accepted requests whose handshake is not
+	// complete, oldest first (*TranslateRequest; under mu).
+	halfOpen list.List
 }
+
+// xlHalfOpenAge is how long a SYN-ACK goes unanswered before its
+// handshake may be reset to make room: the SYN-ACK's first timeout.
+const xlHalfOpenAge = xlRTOInit
 
 // xlEntry is a tuple's registration: a request until Accept, then a flow.
 type xlEntry struct {
@@ -69,7 +86,11 @@ type TranslateRequest struct {
 	at     time.Time // the SYN's arrival
 	// released: the request's in-flight slot was given back (release).
 	released atomic.Bool
-	once     sync.Once
+	// halfOpen is r's place in the translator's halfOpen list from Accept
+	// until release (under the translator's mu); acceptedAt is when.
+	halfOpen   *list.Element
+	acceptedAt time.Time
+	once       sync.Once
 }
 
 // Tuple returns the flow's Original-direction tuple.
@@ -96,11 +117,20 @@ func (x *translator) syn(g *gate, t conntrack.Tuple, proto tcpip.NetworkProtocol
 		return false
 	}
 	client, svc := t.Src(), t.Dst()
+	now := x.st.now()
 	x.mu.Lock()
+	var evicted *TranslateRequest
+	if x.pending >= x.st.maxInFlight && x.perAddr[client.Addr()] < x.st.perClient {
+		evicted = x.evictLocked(now)
+	}
 	if x.st.ctx.Err() != nil || x.pending >= x.st.maxInFlight || x.perAddr[client.Addr()] >= x.st.perClient {
 		x.mu.Unlock()
 		x.st.counters.inFlightLimited.Add(1)
-		return true // dropped: the client retransmits
+		// Dropped: the client retransmits. The entry the SYN made goes too,
+		// so that the retransmission is NEW again and comes back here, not
+		// to gVisor's TCP as a SYN of a known flow.
+		g.ct.DeleteFlow(t, nil)
+		return true
 	}
 	e := &xlEntry{}
 	if _, loaded := x.flows.LoadOrStore(t, e); loaded {
@@ -111,8 +141,11 @@ func (x *translator) syn(g *gate, t conntrack.Tuple, proto tcpip.NetworkProtocol
 	x.pending++
 	x.perAddr[client.Addr()]++
 	x.mu.Unlock()
+	if evicted != nil {
+		evicted.abortEvicted()
+	}
 	r := &TranslateRequest{x: x, g: g, tuple: t, syn: s, raw: append([]byte(nil), b...), proto: proto,
-		client: client, svc: svc, e: e, at: time.Now()}
+		client: client, svc: svc, e: e, at: now}
 	r.syn.payload = nil
 	x.st.handlers.Add(1)
 	go x.handle(h, r)
@@ -135,16 +168,51 @@ func (x *translator) handle(h TranslatedHandler, r *TranslateRequest) {
 
 // release ends r's share of the in-flight bound, once.
 func (r *TranslateRequest) release() {
+	x := r.x
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	r.releaseLocked()
+}
+
+func (r *TranslateRequest) releaseLocked() {
 	if r.released.Swap(true) {
 		return
 	}
 	x := r.x
-	x.mu.Lock()
 	x.pending--
 	if x.perAddr[r.client.Addr()]--; x.perAddr[r.client.Addr()] <= 0 {
 		delete(x.perAddr, r.client.Addr())
 	}
-	x.mu.Unlock()
+	if r.halfOpen != nil {
+		x.halfOpen.Remove(r.halfOpen)
+		r.halfOpen = nil
+	}
+}
+
+// evictLocked releases the slot of the oldest half-open handshake, if its
+// SYN-ACK has waited xlHalfOpenAge, and returns its request, for the
+// caller to reset once x.mu is unlocked.
+func (x *translator) evictLocked(now time.Time) *TranslateRequest {
+	front := x.halfOpen.Front()
+	if front == nil {
+		return nil
+	}
+	r := front.Value.(*TranslateRequest)
+	if now.Sub(r.acceptedAt) < xlHalfOpenAge {
+		return nil
+	}
+	r.releaseLocked()
+	return r
+}
+
+// abortEvicted resets the flow of an evicted handshake: the client, if
+// there is one, gets a RST; its endpoint socket is aborted; its owner
+// ends it.
+func (r *TranslateRequest) abortEvicted() {
+	r.x.st.counters.handshakesAborted.Add(1)
+	if t := r.e.flow.Load(); t != nil {
+		t.Abort()
+	}
 }
 
 // unregister forgets r's entry, if it is still r's.
@@ -231,13 +299,19 @@ func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(
 		t.f = newXLFlow(xlConfig{
 			sock: sock, w: w, emit: func(p []byte) { r.g.writeOwnSegment(p, r.proto) }, emitPartial: partial, held: &r.x.st.acks, bytes: bytes, now: time.Now,
 			hsDeadline: r.at.Add(r.x.st.hsTimeout), hsAborted: &r.x.st.counters.handshakesAborted,
-			iss: rand.Uint32(), tsBase: rand.Uint32(), rcvWnd: rcvWnd, rcvShift: xlWindowShift,
+			iss: rand.Uint32(), tsBase: rand.Uint32(), rcvWnd: rcvWnd, rcvShift: xlWindowShift, keptBudget: &r.x.kept,
 			linkMSS: uint16(min(mss, 0xffff)),
 		}, r.syn)
 		t.timer = time.AfterFunc(time.Hour, t.onRTO)
 		t.timer.Stop()
 		t.ack = time.AfterFunc(time.Hour, t.flushAck)
 		t.ack.Stop()
+		r.x.mu.Lock()
+		if !r.released.Load() {
+			r.acceptedAt = r.x.st.now()
+			r.halfOpen = r.x.halfOpen.PushBack(r)
+		}
+		r.x.mu.Unlock()
 		r.e.flow.Store(t) // before the SYN-ACK: the client's answer finds the flow
 		t.f.start()
 		t.syncTimers()
@@ -362,10 +436,10 @@ func (t *TranslatedFlow) syncTimers() flowState {
 	f := t.f
 	f.mu.Lock()
 	st := flowState{closed: f.state == xlClosed, synRcvd: f.state == xlSynRcvd, full: f.sockFull && f.state != xlClosed}
-	rto, held, d := f.rtoArmed, !st.closed && (f.ackHeld || (f.wndShort && !f.sockFull)), f.rtoDelay()
+	rto, held, d, ackDelay := f.rtoArmed, !st.closed && (f.ackHeld || (f.wndShort && !f.sockFull)), f.rtoDelay(), f.ackDelay()
 	f.mu.Unlock()
 	setTimer(t.timer, &t.rtoOn, rto, d)
-	setTimer(t.ack, &t.ackOn, held, xlAckDelay)
+	setTimer(t.ack, &t.ackOn, held, ackDelay)
 	return st
 }
 

@@ -3,7 +3,8 @@ package netstack
 // A translated flow's TCP toward the client: the service's side of one
 // connection, whose sequence space follows the endpoint socket's queues,
 // pasta's design (BENCHMARKS.md, "What building it takes"). The flow keeps
-// no bytes of its own but the few segments a reordering left past a gap:
+// no bytes of its own but the segments a loss or a reordering left past a
+// gap:
 //
 //  1. Receive: the client's in-order payload is written to the endpoint
 //     socket, and only what the socket took is acknowledged; the ACK of a
@@ -12,22 +13,25 @@ package netstack
 //     grows again by a window update when the socket drains (wndShort); a
 //     short write all the same closes it, and when the socket drains a
 //     window update and three duplicate ACKs ask the client to send the
-//     rest again at once. Segments past a gap are kept (xlKeptSegs) until
-//     it fills, and answered with a duplicate ACK.
+//     rest again at once. Segments past a gap are kept (xlsack.go) until it
+//     fills, and answered with a duplicate ACK naming them in SACK blocks.
 //  2. Send: unacknowledged bytes stay in the socket's receive queue. They
 //     are peeked from the peek offset (sndNxt-sndUna past the queue's head)
-//     as far as the client's window goes, straight into the segment's
-//     buffer, and discarded when the client acknowledges them. Over a link
-//     that offloads, a segment holds up to 64 KiB for the kernel to cut at
-//     the MSS, its checksum left partial. A retransmission timeout, or
-//     three duplicate ACKs, rewind the peek offset to the acknowledged
-//     point.
+//     as far as the client's window and the congestion window (xlcc.go)
+//     go, straight into the segment's buffer, and discarded when the client
+//     acknowledges them. Over a link that offloads, a segment holds up to
+//     64 KiB for the kernel to cut at the MSS, its checksum left partial.
+//     A loss (three duplicate ACKs, or SACK blocks past a hole) or a
+//     retransmission timeout rewinds the peek offset to the acknowledged
+//     point, and what the client SACKed is skipped on the way up again.
 //  3. End: the client's FIN half-closes the socket; the socket's EOF, once
 //     every byte before it is sent, becomes our FIN. A RST either way ends
-//     the flow, as does a handshake not completed by its deadline.
+//     the flow, as does a handshake not completed by its deadline, or
+//     retransmissions unanswered for tcp_retries2's time.
 //
 // Timers belong to the flow's owner: the flow says what it wants armed
-// (rtoArmed; ackHeld or wndShort) and the owner calls onRTO and flushAck.
+// (rtoArmed for rtoDelay; ackHeld or wndShort for ackDelay) and the owner
+// calls onRTO and flushAck.
 
 import (
 	"errors"
@@ -72,15 +76,7 @@ const (
 	xlClosed
 )
 
-// Retransmission: the initial timeout (RFC 6298 2.1 allows 1 s; Linux's
-// TCP_TIMEOUT_INIT is 1 s, its floor TCP_RTO_MIN 200 ms, which a path inside
-// one machine always meets), doubled per timeout up to xlMaxBackoff times,
-// after which the flow is reset, as tcp_retries2 ends a kernel connection.
-const (
-	xlRTO        = 200 * time.Millisecond
-	xlMaxBackoff = 8
-	dupAckThresh = 3 // RFC 5681 3.2
-)
+const dupAckThresh = 3 // RFC 5681 3.2; RFC 6675 2's DupThresh
 
 type xlFlow struct {
 	mu   sync.Mutex
@@ -102,7 +98,8 @@ type xlFlow struct {
 	hsAborted  *atomic.Uint64
 	now        func() time.Time
 
-	state xlState
+	state   xlState
+	orderly bool // closed by both FINs, not by a reset
 
 	// Receive (client -> endpoint).
 	irs      uint32
@@ -116,31 +113,46 @@ type xlFlow struct {
 	ackHeld  bool // data acknowledged by the next segment out, or by flushAck
 	// wndShort: the last window offered was cut short by the socket's
 	// free space, and no segment of the client's may come to carry a
-	// larger one (it may wait for it); flushAck looks again.
+	// larger one (it may wait for it); flushAck looks again, each time
+	// twice as late (wndPolls) while the socket stays full.
 	wndShort bool
-	kept     []keptSeg // past a gap, by sequence number
+	wndPolls int
+	kept     keptQueue // past a gap (xlsack.go)
 
 	// Send (endpoint -> client).
-	iss      uint32
-	sndUna   uint32
-	sndNxt   uint32
-	sndWnd   uint32 // bytes the client takes past sndUna
-	sndMax   uint32 // the highest sequence number sent, plus one
-	recover  uint32 // sndMax at the last rewind: no fast retransmit before it is acknowledged (RFC 6582)
-	sndWl1   uint32 // the sequence and acknowledgment numbers of the segment
-	sndWl2   uint32 // that last set sndWnd (RFC 9293 3.10.7.4)
-	sndShift uint8
-	peerWS   int // the SYN's window scale option, -1 for none
-	advMSS   int // the MSS our SYN-ACK announces: what the link carries to us
-	mss      int // the client's limit (sendMSS), what it sends us at most too
-	sendMSS  int // the payload of a full segment of ours, options taken off
-	unacked  int // bytes received since our last ACK
-	dupAcks  int
-	finSent  bool // our FIN is sndNxt-1
-	finSeen  bool // our FIN was sent: it is sndMax-1
-	rtoArmed bool
-	backoff  int
-	progress time.Time // the last ACK that moved sndUna, or the first send after an idle spell
+	iss       uint32
+	sndUna    uint32
+	sndNxt    uint32 // the next to send: below sndMax after a rewind
+	sndWnd    uint32 // bytes the client takes past sndUna
+	maxSndWnd uint32 // the largest window the client offered (RFC 5961 5.2)
+	sndMax    uint32 // the highest sequence number sent, plus one
+	recover   uint32 // sndMax at the last loss: no new recovery until past it (RFC 6582)
+	sndWl1    uint32 // the sequence and acknowledgment numbers of the segment
+	sndWl2    uint32 // that last set sndWnd (RFC 9293 3.10.7.4)
+	sndShift  uint8
+	peerWS    int // the SYN's window scale option, -1 for none
+	advMSS    int // the MSS our SYN-ACK announces: what the link carries to us
+	mss       int // the client's limit (sendMSS), what it sends us at most too
+	sendMSS   int // the payload of a full segment of ours, options taken off
+	unacked   int // bytes received since our last ACK
+	dupAcks   int
+	finSent   bool // our FIN is sndNxt-1
+	finSeen   bool // our FIN was sent: it is sndMax-1
+
+	// Loss recovery and congestion control (xlcc.go, xlsack.go).
+	sackOK     bool // both ends take SACK
+	score      scoreboard
+	cc         congestionControl
+	inRecovery bool
+	rtt        rttEstimator
+	timing     bool // a segment's round trip is being timed (no timestamps): rttSeq at rttAt
+	rttSeq     uint32
+	rttAt      time.Time
+	rtoArmed   bool
+	backoff    int       // timeouts in a row: the timer's exponent
+	probes     int       // window probes in a row the client left unanswered
+	retransAt  time.Time // the first timeout of the data in flight, zero when none
+	progress   time.Time // the last ACK that moved sndUna, or the first send after an idle spell
 
 	// Timestamps (RFC 7323), when the client offered them.
 	ts       bool
@@ -166,9 +178,12 @@ type xlConfig struct {
 	linkMSS     uint16            // the most a segment from us may carry on this link
 	held        *ackHolder        // counts held ACKs (optional)
 	bytes       *[2]atomic.Uint64 // counts the bytes moved (optional)
+	// keptBudget is the bytes the stack's flows may still keep past gaps
+	// (optional: without it, only a flow's own bounds).
+	keptBudget *atomic.Int64
 	// hsDeadline is when a client that has not completed its handshake
 	// is reset (the stack's HandshakeTimeout from its SYN; zero: never
-	// but by xlMaxBackoff); hsAborted counts those.
+	// but by xlSynAckRetries); hsAborted counts those.
 	hsDeadline time.Time
 	hsAborted  *atomic.Uint64
 }
@@ -199,14 +214,15 @@ func sendMSS(announced uint16, linkMSS int, v6 bool) int {
 	return max(min(mss, linkMSS), xlMinMSS)
 }
 
-// newXLFlow makes the flow of the client's SYN and sends the SYN-ACK.
+// newXLFlow makes the flow of the client's SYN.
 func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 	f := &xlFlow{
 		sock: cfg.sock, w: cfg.w, emit: cfg.emit, emitPartial: cfg.emitPartial, gso: cfg.emitPartial != nil, held: cfg.held, bytes: cfg.bytes, hsDeadline: cfg.hsDeadline, hsAborted: cfg.hsAborted, now: cfg.now,
 		irs: syn.seq, rcvNxt: syn.seq + 1, rcvWnd: cfg.rcvWnd,
-		iss: cfg.iss, sndUna: cfg.iss, sndNxt: cfg.iss + 1, sndWnd: uint32(syn.wnd),
-		ts: syn.ts, tsRecent: syn.tsVal, tsBase: cfg.tsBase, t0: cfg.now(), peerWS: syn.ws,
+		iss: cfg.iss, sndUna: cfg.iss, sndNxt: cfg.iss + 1, sndWnd: uint32(syn.wnd), maxSndWnd: uint32(syn.wnd),
+		ts: syn.ts, tsRecent: syn.tsVal, tsBase: cfg.tsBase, t0: cfg.now(), peerWS: syn.ws, sackOK: syn.sackOK,
 	}
+	f.kept.budget = cfg.keptBudget
 	f.advMSS = int(cfg.linkMSS)
 	f.mss = sendMSS(syn.mss, int(cfg.linkMSS), cfg.w.v6)
 	f.sendMSS = f.mss
@@ -219,8 +235,10 @@ func newXLFlow(cfg xlConfig, syn clientSeg) *xlFlow {
 	// The most a window offer can say: rcvWnd, or 64 KiB when the client
 	// takes no scale.
 	f.maxWnd = min(f.rcvWnd, 0xffff<<f.rcvShift)
-	f.sndMax, f.recover = f.sndNxt, f.sndNxt
+	f.sndMax = f.sndNxt
+	f.recover = f.iss // RFC 6582 3.2: the initial send sequence number
 	f.sndWl1, f.sndWl2 = syn.seq, f.iss
+	f.cc = newReno(f.sendMSS)
 	return f
 }
 
@@ -238,9 +256,12 @@ func (f *xlFlow) sendSynAck() {
 		wnd = min(wnd, uint32(sp))
 	}
 	f.rcvAdv = f.rcvNxt + wnd
-	opts := synAckOptions(nil, clientSeg{ws: f.peerWS, ts: f.ts, tsVal: f.tsRecent}, uint16(f.advMSS), f.rcvShift, f.tsNow())
+	opts := synAckOptions(nil, clientSeg{ws: f.peerWS, ts: f.ts, tsVal: f.tsRecent, sackOK: f.sackOK}, uint16(f.advMSS), f.rcvShift, f.tsNow())
 	f.build(f.iss, tcpSYN|tcpACK, uint16(wnd), opts, nil)
 	f.rtoArmed = true
+	if !f.ts && !f.timing {
+		f.timing, f.rttSeq, f.rttAt = true, f.iss+1, f.now()
+	}
 }
 
 func (f *xlFlow) tsNow() uint32 {
@@ -289,7 +310,8 @@ func (f *xlFlow) wndGrown() bool {
 // largest IPv4 packet, within the TUN's gso_max_size (tunGSOMaxSize).
 const xlSegmentMax = 0xffff
 
-// hdrLen is the length of the headers of the flow's segments.
+// hdrLen is the length of the headers of the flow's data segments: they
+// carry timestamps, if agreed, and no SACK blocks.
 func (f *xlFlow) hdrLen() int {
 	if f.ts {
 		return f.w.ipLen() + header.TCPMinimumSize + 12
@@ -299,18 +321,25 @@ func (f *xlFlow) hdrLen() int {
 
 // send builds and emits one segment at sndNxt without payload.
 func (f *xlFlow) send(flags byte) {
-	var b [header.IPv6MinimumSize + header.TCPMinimumSize + 12]byte
+	var b [header.IPv6MinimumSize + header.TCPMinimumSize + header.TCPOptionsMaximumSize]byte
 	f.sendAround(b[:], flags, 0)
 }
 
 // sendAround builds the headers of a segment at sndNxt in p, whose n bytes
 // of payload are in place after them (hdrLen), and emits it; it carries
-// the ACK of everything received so far.
+// the ACK of everything received so far. A segment without payload names
+// what is kept past a gap in SACK blocks.
 func (f *xlFlow) sendAround(p []byte, flags byte, n int) {
-	var o [12]byte
+	var o [header.TCPOptionsMaximumSize]byte
 	opts := o[:0]
+	blocks := xlSackMaxBlocks
 	if f.ts {
 		opts = tsOption(opts, f.tsNow(), f.tsRecent)
+		blocks--
+	}
+	if n == 0 && f.sackOK && f.kept.len() > 0 {
+		var b [xlSackMaxBlocks]seqRange
+		opts = sackOption(opts, f.kept.blocks(b[:0], blocks))
 	}
 	if f.ackHeld {
 		f.countHeld(heldSuperseded) // this segment carries the held ACK
@@ -338,11 +367,18 @@ func (f *xlFlow) build(seq uint32, flags byte, wnd uint16, opts, payload []byte)
 func (f *xlFlow) sendAck() { f.send(0) }
 
 // input handles one segment from the client; it reports false once the
-// flow has ended.
+// flow has ended. The checks follow RFC 9293 3.10.7.4's order: RST, SYN,
+// ACK, then the timestamps (RFC 7323 5's PAWS) and the sequence number,
+// the acknowledgment (ackInput), then the data (dataInput).
 func (f *xlFlow) input(s clientSeg) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.state == xlClosed {
+		// RFC 9293 3.10.7.4, TIME-WAIT: a retransmission of the client's
+		// FIN, whose ACK was lost, is acknowledged again.
+		if f.orderly && s.flags&(tcpFIN|tcpRST) == tcpFIN && s.seq+uint32(len(s.payload))+1 == f.rcvNxt {
+			f.sendAck()
+		}
 		return false
 	}
 	if s.flags&tcpRST != 0 {
@@ -366,6 +402,10 @@ func (f *xlFlow) input(s clientSeg) bool {
 	if s.flags&tcpACK == 0 {
 		return true // RFC 9293 3.10.7.4: dropped
 	}
+	if f.state == xlEstablished && !f.acceptable(s) {
+		f.sendAck() // RFC 9293 3.10.7.4, RFC 7323 5.3 R1: an ACK, and the segment dropped
+		return true
+	}
 	if f.ts && s.ts && int32(s.tsVal-f.tsRecent) >= 0 && int32(s.seq-f.rcvNxt) <= 0 {
 		f.tsRecent = s.tsVal // RFC 7323 4.3
 	}
@@ -375,8 +415,17 @@ func (f *xlFlow) input(s clientSeg) bool {
 			return true
 		}
 		f.state = xlEstablished
+		f.backoff = 0
+		f.sampleRTT(s) // the SYN-ACK's round trip
 		f.sndUna = s.ack
 		f.rtoArmed = false
+	}
+	// RFC 9293 3.10.7.4: an ACK of what was never sent draws an ACK and
+	// the segment is dropped; RFC 5961 5.2: so does one older than the
+	// largest window the client offered, as a challenge.
+	if int32(s.ack-f.sndMax) > 0 || int32(s.ack-(f.sndUna-f.maxSndWnd)) < 0 {
+		f.sendAck()
+		return true
 	}
 	f.ackInput(s)
 	if f.state == xlClosed {
@@ -390,14 +439,26 @@ func (f *xlFlow) input(s clientSeg) bool {
 	return f.state != xlClosed
 }
 
-// ackInput processes the client's acknowledgment and window (step 2).
-// An acknowledgment up to sndMax counts, past a rewind's sndNxt too: the
-// client got those bytes before the rewind.
+// acceptable is RFC 9293 3.10.7.4's first check, made loose at the left
+// edge (a segment sent again, whose ACK may be news, is taken up to a
+// window back), and RFC 7323 5.3's PAWS: a timestamp older than the last
+// one taken is a segment of a past flight.
+func (f *xlFlow) acceptable(s clientSeg) bool {
+	if f.ts && s.ts && int32(s.tsVal-f.tsRecent) < 0 {
+		return false
+	}
+	end := s.seq + uint32(len(s.payload))
+	return int32(end-(f.rcvNxt-f.maxWnd)) >= 0 && int32(s.seq-f.rcvAdv) <= 0
+}
+
+// ackInput processes the client's acknowledgment, SACK blocks and window
+// (step 2). An acknowledgment up to sndMax counts, past a rewind's sndNxt
+// too: the client got those bytes before the rewind.
 func (f *xlFlow) ackInput(s clientSeg) {
 	wnd := uint32(s.wnd) << f.sndShift
 	d := int32(s.ack - f.sndUna)
 	switch {
-	case d > 0 && int32(f.sndMax-s.ack) >= 0:
+	case d > 0:
 		n := int(d)
 		if f.finSeen && s.ack == f.sndMax {
 			n-- // the FIN's own number
@@ -409,6 +470,8 @@ func (f *xlFlow) ackInput(s clientSeg) {
 			}
 			f.count(1, n)
 		}
+		f.sampleRTT(s)
+		flight := int(f.sndMax - f.sndUna)
 		f.sndUna = s.ack
 		if int32(f.sndNxt-s.ack) < 0 {
 			// Past a rewind's sndNxt: the peek offset, moved back by the
@@ -416,25 +479,76 @@ func (f *xlFlow) ackInput(s clientSeg) {
 			f.sndNxt = s.ack
 			f.finSent = f.finSeen && s.ack == f.sndMax
 		}
+		f.score.ackedTo(s.ack)
 		f.progress = f.now()
-		f.dupAcks, f.backoff = 0, 0
-		f.rtoArmed = f.sndUna != f.sndNxt
-		f.maybeDone()
-	case d == 0 && len(s.payload) == 0 && s.flags&tcpFIN == 0 && wnd == f.sndWnd && f.sndNxt != f.sndUna:
-		// RFC 5681 3.2: fast retransmit, not again before the last
-		// rewind's sends are acknowledged (RFC 6582's recovery point).
-		if f.dupAcks++; f.dupAcks == dupAckThresh && int32(f.sndUna-f.recover) >= 0 {
-			f.rewind()
+		f.dupAcks, f.backoff, f.probes = 0, 0, 0
+		f.retransAt = time.Time{}
+		switch {
+		case f.inRecovery && int32(s.ack-f.recover) >= 0:
+			f.inRecovery = false // RFC 6582 3.2 step 3: a full acknowledgment
+			f.cc.recovered()
+		case !f.inRecovery:
+			f.cc.acked(int(d), 2*flight >= f.cc.window())
 		}
-	case d == 0 && f.sndNxt == f.sndUna:
-		f.backoff = 0 // an answer to a window probe: the client is there (Linux's icsk_probes_out reset)
+		f.rtoArmed = f.sndUna != f.sndMax
+		f.maybeDone()
+	case d == 0 && len(s.payload) == 0 && s.flags&tcpFIN == 0 && wnd == f.sndWnd && f.sndMax != f.sndUna:
+		f.dupAcks++ // RFC 5681 2's duplicate acknowledgment
+	case d == 0 && f.sndMax == f.sndUna:
+		f.probes = 0 // an answer to a window probe: the client is there (Linux's icsk_probes_out reset)
 	}
 	if d < 0 {
 		return // an old acknowledgment: its window is old too
 	}
 	if int32(s.seq-f.sndWl1) > 0 || (s.seq == f.sndWl1 && int32(s.ack-f.sndWl2) >= 0) {
 		f.sndWnd, f.sndWl1, f.sndWl2 = wnd, s.seq, s.ack // RFC 9293 3.10.7.4
+		f.maxSndWnd = max(f.maxSndWnd, wnd)
 	}
+	if f.state != xlEstablished {
+		return
+	}
+	if f.sackOK {
+		end := f.sndMax
+		if f.finSeen {
+			end-- // the FIN is no byte to skip
+		}
+		for _, r := range s.sack[:s.nSack] {
+			f.score.add(r, f.sndUna, end)
+		}
+	}
+	// A loss: three duplicate ACKs (RFC 5681 3.2), or three segments'
+	// worth SACKed past the first hole (RFC 6675 4, IsLost); not again
+	// before the last recovery's data is acknowledged (RFC 6582 3.2:
+	// strictly past it, or the duplicates a rewind sent would start the
+	// next one).
+	if !f.inRecovery && f.sndMax != f.sndUna && int32(f.sndUna-f.recover) > 0 &&
+		(f.dupAcks >= dupAckThresh || f.score.sacked(f.sndMax) >= dupAckThresh*f.sendMSS) {
+		f.cc.lost(f.pipe())
+		f.inRecovery = true
+		f.rewind()
+	}
+}
+
+// sampleRTT measures the round trip the acknowledgment s closes: by its
+// timestamp echo (RFC 7323 4.1), else by the segment being timed, if s
+// covers it and it was not sent twice (Karn's rule, RFC 6298 3).
+func (f *xlFlow) sampleRTT(s clientSeg) {
+	switch {
+	case f.ts && s.ts && s.tsEcr != 0:
+		if d := int32(f.tsNow() - s.tsEcr); d >= 0 {
+			f.rtt.sample(time.Duration(d) * time.Millisecond)
+		}
+	case f.timing && int32(s.ack-f.rttSeq) >= 0:
+		f.timing = false
+		f.rtt.sample(f.now().Sub(f.rttAt))
+	}
+}
+
+// pipe is RFC 6675 4's estimate of the bytes in flight: what was sent
+// since the last rewind and is neither acknowledged nor SACKed. What a
+// rewind goes back over counts as lost until it is sent again.
+func (f *xlFlow) pipe() int {
+	return int(f.sndNxt-f.sndUna) - f.score.sacked(f.sndNxt)
 }
 
 // noteSent moves sndMax up to sndNxt.
@@ -453,10 +567,11 @@ func (f *xlFlow) dataInput(s clientSeg) {
 	if f.sockFull && f.sock.Writable() {
 		f.sockFull = false // the client's probe or retransmission found it drained
 	}
+	f.wndPolls = 0
 	fin := s.flags&tcpFIN != 0
 	if len(s.payload) == 0 && !fin {
-		if s.seq != f.rcvNxt {
-			f.sendAck() // RFC 9293 3.10.7.4: a window probe or keep-alive is answered
+		if int32(s.seq-f.rcvNxt) < 0 {
+			f.sendAck() // RFC 9293 3.10.7.4: a keep-alive is answered
 		}
 		return
 	}
@@ -472,8 +587,10 @@ func (f *xlFlow) dataInput(s clientSeg) {
 		s.payload, s.seq = s.payload[d:], f.rcvNxt
 	}
 	if s.seq != f.rcvNxt {
-		f.keep(s)
-		f.sendAck() // past a gap: a duplicate ACK at once (RFC 5681 4.2)
+		if !f.sockFull {
+			f.kept.keep(s.seq, s.payload, f.rcvAdv)
+		}
+		f.sendAck() // past a gap: a duplicate ACK at once (RFC 5681 4.2), with SACK blocks
 		return
 	}
 	if len(s.payload) > 0 {
@@ -515,7 +632,9 @@ func (f *xlFlow) dataInput(s clientSeg) {
 
 // deliver writes in-order payload p to the socket; it reports false when
 // the socket did not take all of it (now full, acknowledged with a zero
-// window) or failed (the flow is reset).
+// window) or failed (the flow is reset). The segments kept past a gap
+// stay: the client was told it has them (SACK), and takes that back only
+// after a timeout (RFC 2018 8).
 func (f *xlFlow) deliver(p []byte) bool {
 	n, err := f.sock.Write(p)
 	f.rcvNxt += uint32(n)
@@ -526,56 +645,22 @@ func (f *xlFlow) deliver(p []byte) bool {
 	}
 	if n < len(p) {
 		f.sockFull = true
-		f.dropKept() // the client sends it all again after the update
-		f.sendAck()  // the window is 0 now
+		f.sendAck() // the window is 0 now
 		return false
 	}
 	return true
-}
-
-// Out-of-order data: the client's segments past a gap are kept, a copy
-// each, up to xlKeptSegs of them, so that a reordered burst (veths deliver
-// a migrating sender's packets from two CPUs' backlogs out of order) costs
-// no retransmission once the gap fills. Only payload within the window
-// offered is kept; a FIN past a gap is not (the client sends it again).
-const xlKeptSegs = 8
-
-type keptSeg struct {
-	seq uint32
-	b   []byte
-}
-
-// keep keeps s, past a gap, if it fits.
-func (f *xlFlow) keep(s clientSeg) {
-	end := s.seq + uint32(len(s.payload))
-	if len(s.payload) == 0 || len(f.kept) == xlKeptSegs || int32(end-f.rcvAdv) > 0 || f.sockFull {
-		return
-	}
-	i := 0
-	for i < len(f.kept) && int32(f.kept[i].seq-s.seq) < 0 {
-		i++
-	}
-	if i < len(f.kept) && f.kept[i].seq == s.seq && len(f.kept[i].b) >= len(s.payload) {
-		return // a copy of one kept
-	}
-	b := append([]byte(nil), s.payload...) // its own size: a kept byte costs a byte
-	f.kept = append(f.kept, keptSeg{})
-	copy(f.kept[i+1:], f.kept[i:])
-	f.kept[i] = keptSeg{seq: s.seq, b: b}
 }
 
 // drainKept writes the kept segments the gap's filling made in order; it
 // reports whether it wrote any.
 func (f *xlFlow) drainKept() bool {
 	wrote := false
-	for len(f.kept) > 0 && f.state != xlClosed && !f.sockFull {
-		k := f.kept[0]
-		d := int(int32(f.rcvNxt - k.seq))
-		if d < 0 {
-			break // still a gap
+	for f.state != xlClosed && !f.sockFull {
+		k, ok := f.kept.next(f.rcvNxt)
+		if !ok {
+			break
 		}
-		f.kept = f.kept[:copy(f.kept, f.kept[1:])]
-		if d < len(k.b) {
+		if d := int(int32(f.rcvNxt - k.seq)); d < len(k.b) {
 			wrote = true
 			f.deliver(k.b[d:])
 		}
@@ -583,10 +668,9 @@ func (f *xlFlow) drainKept() bool {
 	return wrote
 }
 
-// dropKept forgets the kept segments.
-func (f *xlFlow) dropKept() { f.kept = nil }
-
-// pump sends what the socket holds and the client's window takes.
+// pump sends what the socket holds and the client's window and the
+// congestion window take, from sndNxt: after a rewind, what the client
+// has not SACKed.
 func (f *xlFlow) pump() {
 	var bp *[]byte
 	defer func() {
@@ -595,12 +679,32 @@ func (f *xlFlow) pump() {
 		}
 	}()
 	for f.state == xlEstablished && !f.finSent {
+		limit := 0 // how far before the next SACKed range, 0: no limit
+		if int32(f.sndNxt-f.sndMax) < 0 {
+			from, l := f.score.skip(f.sndNxt)
+			if from != f.sndNxt {
+				f.sndNxt = from
+				if err := f.sock.SetPeekOffset(int(f.sndNxt - f.sndUna)); err != nil {
+					f.close(true)
+					return
+				}
+			}
+			limit = l
+		}
 		room := int(int32(f.sndUna + f.sndWnd - f.sndNxt))
 		if room <= 0 {
-			if f.sndWnd == 0 && f.sndUna == f.sndNxt {
+			if f.sndWnd == 0 && f.sndUna == f.sndNxt && f.pending() {
 				f.rtoArmed = true // a persist probe (onRTO)
 			}
 			return
+		}
+		pipe := f.pipe()
+		cwnd := f.cc.window() - pipe
+		if cwnd < f.sendMSS {
+			if pipe > 0 {
+				return // the ACKs in flight open the congestion window
+			}
+			cwnd = f.sendMSS
 		}
 		if bp == nil {
 			bp = packetPool.Get().(*[]byte)
@@ -610,7 +714,10 @@ func (f *xlFlow) pump() {
 		if f.gso {
 			maxSeg = max(f.sendMSS, (xlSegmentMax-hl)/f.sendMSS*f.sendMSS) // full segments after the cut
 		}
-		n := min(room, maxSeg, len(*bp)-hl)
+		n := min(room, cwnd, maxSeg, len(*bp)-hl)
+		if limit > 0 {
+			n = min(n, limit)
+		}
 		r, err := f.sock.Peek((*bp)[hl : hl+n]) // the payload's place in the segment
 
 		switch {
@@ -631,6 +738,9 @@ func (f *xlFlow) pump() {
 		if f.sndUna == f.sndNxt {
 			f.progress = f.now() // a new flight
 		}
+		if f.sndNxt == f.sndMax && !f.ts && !f.timing {
+			f.timing, f.rttSeq, f.rttAt = true, f.sndNxt+uint32(r), f.now()
+		}
 		f.sendAround(*bp, 0x08, r) // PSH
 		f.sndNxt += uint32(r)
 		f.noteSent()
@@ -640,7 +750,23 @@ func (f *xlFlow) pump() {
 	}
 }
 
-// rewind goes back to the acknowledged point and sends again from there.
+// pending reports whether the socket holds bytes past sndNxt, or its EOF,
+// that wait for the client's window to open: a persist probe is due then,
+// and only then. The peek offset is put back.
+func (f *xlFlow) pending() bool {
+	var b [1]byte
+	n, err := f.sock.Peek(b[:])
+	if err != nil {
+		return false
+	}
+	if n > 0 {
+		_ = f.sock.SetPeekOffset(int(f.sndNxt - f.sndUna))
+	}
+	return true
+}
+
+// rewind goes back to the acknowledged point and sends again from there
+// what the client has not SACKed.
 func (f *xlFlow) rewind() {
 	if err := f.sock.SetPeekOffset(0); err != nil {
 		f.close(true)
@@ -649,6 +775,8 @@ func (f *xlFlow) rewind() {
 	f.sndNxt = f.sndUna
 	f.finSent = false
 	f.recover = f.sndMax
+	f.dupAcks = 0
+	f.timing = false // Karn's rule: nothing sent twice is timed
 	f.pump()
 }
 
@@ -659,28 +787,51 @@ func (f *xlFlow) onRTO() bool {
 	if f.state == xlClosed || !f.rtoArmed {
 		return f.state != xlClosed
 	}
-	if f.state == xlSynRcvd && !f.hsDeadline.IsZero() && !f.now().Before(f.hsDeadline) {
+	now := f.now()
+	if f.state == xlSynRcvd && !f.hsDeadline.IsZero() && !now.Before(f.hsDeadline) {
 		if f.hsAborted != nil {
 			f.hsAborted.Add(1)
 		}
 		f.close(true) // the client did not complete its handshake in time
 		return false
 	}
-	if f.state == xlEstablished && f.now().Sub(f.progress) < f.rtoDelay() {
+	if f.state == xlEstablished && now.Sub(f.progress) < f.rtoDelay() {
 		return true // armed once per flight: the flight moved since; armed again
-	}
-	if f.backoff++; f.backoff > xlMaxBackoff {
-		f.close(true)
-		return false
 	}
 	switch {
 	case f.state == xlSynRcvd:
+		if f.backoff++; f.backoff > xlSynAckRetries && f.hsDeadline.IsZero() {
+			f.close(true)
+			return false
+		}
+		f.timing = false
 		f.sendSynAck()
-	case f.sndUna != f.sndNxt:
+	case f.sndUna != f.sndMax:
+		// RFC 6298 5.4-5.7: sent again from the acknowledged point, the
+		// timer backed off; RFC 5681 3.1: the congestion window cut to
+		// one segment; RFC 2018 8: what the client SACKed is sent again
+		// too (it may have dropped it).
+		if f.retransAt.IsZero() {
+			f.retransAt = now
+		} else if now.Sub(f.retransAt) >= xlGiveUp {
+			f.close(true)
+			return false
+		}
+		f.backoff++
+		f.cc.timedOut(f.pipe())
+		f.inRecovery = false
+		f.score.clear()
 		f.rewind()
-	case f.sndWnd == 0:
+	case f.sndWnd == 0 && f.pending():
 		// A window probe: an old sequence number draws an ACK with the
-		// client's window (as Linux's tcp_xmit_probe_skb).
+		// client's window (as Linux's tcp_xmit_probe_skb), backed off as
+		// the retransmissions are; given up once the client stops
+		// answering them (tcp_probe_timer).
+		if f.probes++; f.probes > xlMaxProbes {
+			f.close(true)
+			return false
+		}
+		f.backoff++
 		f.sndNxt--
 		f.sendAck()
 		f.sndNxt++
@@ -690,14 +841,25 @@ func (f *xlFlow) onRTO() bool {
 	return f.state != xlClosed
 }
 
-// rtoDelay is how long the owner arms the timer for.
+// rtoDelay is how long the owner arms the timer for: the RTO, backed off.
 // In the handshake it ends at the handshake's deadline at the latest.
 func (f *xlFlow) rtoDelay() time.Duration {
-	d := xlRTO << min(f.backoff, xlMaxBackoff)
+	d := min(f.rtt.rto()<<min(f.backoff, 16), xlRTOMax)
 	if f.state == xlSynRcvd && !f.hsDeadline.IsZero() {
 		d = min(d, max(f.hsDeadline.Sub(f.now()), time.Millisecond))
 	}
 	return d
+}
+
+// ackDelay is how long the owner arms the ACK timer for: a held ACK's
+// hold, or the next look at a short window, twice as late each time the
+// socket had not drained, up to the RTO's floor: a stalled endpoint costs
+// a backed-off timer, not a 1 ms poll.
+func (f *xlFlow) ackDelay() time.Duration {
+	if f.ackHeld {
+		return xlAckDelay
+	}
+	return min(xlAckDelay<<min(f.wndPolls, 16), xlRTO)
 }
 
 // flushAck sends the held ACK, if the flow still holds one, or a window
@@ -712,7 +874,10 @@ func (f *xlFlow) flushAck() {
 		f.countHeld(heldExpired)
 		f.sendAck()
 	case f.wndShort && !f.sockFull && f.wndGrown():
+		f.wndPolls = 0
 		f.sendAck()
+	case f.wndShort:
+		f.wndPolls++
 	}
 }
 
@@ -724,8 +889,9 @@ func (f *xlFlow) readable() {
 }
 
 // writable is the owner's report that a full socket takes bytes again:
-// a window update, then duplicate ACKs so the client sends again what the
-// full socket did not take without waiting for its timeout.
+// the kept segments go in, then a window update, then duplicate ACKs so
+// the client sends again what the full socket did not take without
+// waiting for its timeout.
 func (f *xlFlow) writable() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -733,6 +899,9 @@ func (f *xlFlow) writable() {
 		return
 	}
 	f.sockFull = false
+	if f.drainKept(); f.sockFull || f.state == xlClosed {
+		return
+	}
 	for range 1 + dupAckThresh {
 		f.sendAck()
 	}
@@ -780,22 +949,26 @@ func (f *xlFlow) countHeld(end int) {
 func (f *xlFlow) maybeDone() {
 	if f.finIn && f.finSent && f.sndUna == f.sndNxt {
 		f.state = xlClosed
+		f.orderly = true
 		f.rtoArmed = false
-		f.dropKept()
+		f.kept.drop()
 		f.endHeld()
 	}
 }
 
 // close ends the flow; reset sends the client a RST and aborts the socket.
+// The RST carries sndMax, the highest sequence number sent (Linux's
+// snd_nxt): below it, after a rewind, the client's RFC 5961 check would
+// only answer it with a challenge ACK.
 func (f *xlFlow) close(reset bool) {
 	if f.state == xlClosed {
 		return
 	}
 	if reset {
-		f.build(f.sndNxt, tcpRST|tcpACK, 0, nil, nil)
+		f.build(f.sndMax, tcpRST|tcpACK, 0, nil, nil)
 	}
 	f.sock.Abort()
-	f.dropKept()
+	f.kept.drop()
 	f.endHeld()
 	f.state = xlClosed
 	f.rtoArmed = false

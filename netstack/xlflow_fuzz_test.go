@@ -72,8 +72,8 @@ func FuzzXLFlow(f *testing.F) {
 					t.Fatalf("sent bytes at %d that are not the endpoint's", off)
 				}
 			}
-			if len(h.f.kept) > xlKeptSegs {
-				t.Fatalf("%d segments kept", len(h.f.kept))
+			if h.f.kept.len() > xlKeptSegs || h.f.kept.bytes > xlKeptBytes {
+				t.Fatalf("%d segments kept, %d bytes", h.f.kept.len(), h.f.kept.bytes)
 			}
 		}
 		check()

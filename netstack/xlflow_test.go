@@ -3,6 +3,7 @@ package netstack
 import (
 	"bytes"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -246,14 +247,14 @@ func TestXLFlowOutOfOrder(t *testing.T) {
 	h.seq += 5
 	h.segment(0, testISS+1, 65535, "world")
 	out := h.take()
-	if len(h.sock.written) != 0 || len(out) != 1 || out[0].ack != testIRS+1 || len(h.f.kept) != 1 {
-		t.Fatalf("past a gap: socket %q, sent %+v, kept %d", h.sock.written, out, len(h.f.kept))
+	if len(h.sock.written) != 0 || len(out) != 1 || out[0].ack != testIRS+1 || h.f.kept.len() != 1 {
+		t.Fatalf("past a gap: socket %q, sent %+v, kept %d", h.sock.written, out, h.f.kept.len())
 	}
 	h.seq = testIRS + 1
 	h.segment(0, testISS+1, 65535, "hello")
 	out = h.take()
-	if string(h.sock.written) != "helloworld" || len(out) != 1 || out[0].ack != testIRS+1+10 || len(h.f.kept) != 0 {
-		t.Fatalf("the gap filled: socket %q, sent %+v, kept %d", h.sock.written, out, len(h.f.kept))
+	if string(h.sock.written) != "helloworld" || len(out) != 1 || out[0].ack != testIRS+1+10 || h.f.kept.len() != 0 {
+		t.Fatalf("the gap filled: socket %q, sent %+v, kept %d", h.sock.written, out, h.f.kept.len())
 	}
 	h.seq = testIRS + 1 + 8
 	h.segment(0, testISS+1, 65535, "ld!!")
@@ -269,36 +270,75 @@ func TestXLFlowOutOfOrder(t *testing.T) {
 	}
 }
 
-// TestXLFlowKeptBounds: at most xlKeptSegs segments past a gap are kept,
-// none past the window offered, and a full socket forgets them.
+// TestXLFlowKeptBounds: segments past a gap are kept up to xlKeptSegs
+// of them and xlKeptBytes, within the stack's shared budget, none past the
+// window offered; a full socket keeps them (the client was told of them)
+// and writes them once it drains.
 func TestXLFlowKeptBounds(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+	h := newXLHarness(t, clientSeg{ws: 7, wnd: 65535})
 	h.established(65535)
 	for i := range xlKeptSegs + 2 {
 		h.seq = testIRS + 1 + uint32(10*(i+1))
 		h.segment(0, testISS+1, 65535, "0123456789")
 	}
-	if len(h.f.kept) != xlKeptSegs {
-		t.Fatalf("kept %d segments, want %d", len(h.f.kept), xlKeptSegs)
+	if h.f.kept.len() != xlKeptSegs {
+		t.Fatalf("kept %d segments, want %d", h.f.kept.len(), xlKeptSegs)
 	}
-	for i, k := range h.f.kept {
+	for i, k := range h.f.kept.segs {
 		if k.seq != testIRS+1+uint32(10*(i+1)) {
-			t.Fatalf("kept out of order: %+v", h.f.kept)
+			t.Fatalf("kept out of order at %d: %d", i, k.seq)
 		}
 	}
-	h.f.dropKept()
+	h.f.kept.drop()
+	h.f.rcvAdv = h.f.rcvNxt + 8<<20 // as if an 8 MiB window had been offered
+	big := string(make([]byte, 60000))
+	for i := range xlKeptBytes/60000 + 2 {
+		h.seq = testIRS + 1 + 10 + uint32(60000*i)
+		h.segment(0, testISS+1, 65535, big)
+	}
+	if h.f.kept.bytes > xlKeptBytes || h.f.kept.bytes < xlKeptBytes-60000 {
+		t.Fatalf("kept %d bytes; want at most %d, and close", h.f.kept.bytes, xlKeptBytes)
+	}
+	h.f.kept.drop()
+
+	var budget atomic.Int64
+	budget.Store(25)
+	h.f.kept.budget = &budget
+	for i := range 4 {
+		h.seq = testIRS + 1 + uint32(10*(i+1))
+		h.segment(0, testISS+1, 65535, "0123456789")
+	}
+	if h.f.kept.len() != 2 || budget.Load() != 5 {
+		t.Fatalf("with a budget of 25 bytes: kept %d segments, %d bytes left", h.f.kept.len(), budget.Load())
+	}
+	h.f.kept.drop()
+	if budget.Load() != 25 {
+		t.Fatalf("the budget after a drop: %d", budget.Load())
+	}
+	h.f.kept.budget = nil
+
 	h.seq = h.f.rcvAdv // past the window offered
 	h.segment(0, testISS+1, 65535, "x")
-	if len(h.f.kept) != 0 {
+	if h.f.kept.len() != 0 {
 		t.Fatalf("kept a segment past the window")
 	}
-	h.seq = testIRS + 1 + 20
+	h.seq = testIRS + 1 + 10
 	h.segment(0, testISS+1, 65535, "0123456789")
 	h.sock.room = 3
 	h.seq = testIRS + 1
 	h.segment(0, testISS+1, 65535, "0123456789")
-	if string(h.sock.written) != "012" || len(h.f.kept) != 0 || !h.f.sockFull {
-		t.Fatalf("a full socket: socket %q, kept %d", h.sock.written, len(h.f.kept))
+	if string(h.sock.written) != "012" || h.f.kept.len() != 1 || !h.f.sockFull {
+		t.Fatalf("a full socket: socket %q, kept %d", h.sock.written, h.f.kept.len())
+	}
+	h.sock.room = -1
+	h.f.writable()
+	if string(h.sock.written) != "012" {
+		t.Fatalf("the kept segment went in past the gap the short write left: %q", h.sock.written)
+	}
+	h.seq = testIRS + 1 + 3
+	h.segment(0, testISS+1, 65535, "3456789")
+	if want := "01234567890123456789"; string(h.sock.written) != want {
+		t.Fatalf("after the resend: socket %q, want %q", h.sock.written, want)
 	}
 }
 
@@ -335,10 +375,23 @@ func TestXLFlowWindowAndRetransmission(t *testing.T) {
 	if out := h.take(); len(out) != 1 || string(out[0].payload) != "ij" {
 		t.Fatalf("in a window of 2: %+v", out)
 	}
+	// Duplicate ACKs at the timeout's recovery point (sndMax then) start
+	// no recovery (RFC 6582 3.2): they may be the answers to what the
+	// rewind sent twice.
 	for range dupAckThresh {
 		h.segment(0, testISS+1+8, 2, "")
 	}
-	if out := h.take(); len(out) != 1 || string(out[0].payload) != "ij" || out[0].seq != testISS+1+8 {
+	if out := h.take(); len(out) != 0 {
+		t.Fatalf("after %d duplicate ACKs at the recovery point: %+v", dupAckThresh, out)
+	}
+	h.segment(0, testISS+1+10, 2, "") // past it: "kl" goes
+	if out := h.take(); len(out) != 1 || string(out[0].payload) != "kl" {
+		t.Fatalf("after the ACK of ij: %+v", out)
+	}
+	for range dupAckThresh {
+		h.segment(0, testISS+1+10, 2, "")
+	}
+	if out := h.take(); len(out) != 1 || string(out[0].payload) != "kl" || out[0].seq != testISS+1+10 {
 		t.Fatalf("after %d duplicate ACKs: %+v", dupAckThresh, out)
 	}
 
@@ -347,7 +400,7 @@ func TestXLFlowWindowAndRetransmission(t *testing.T) {
 		if !h.f.onRTO() {
 			break
 		}
-		if i > xlMaxBackoff {
+		if i > 100 {
 			t.Fatal("the timeouts never end the flow")
 		}
 	}
@@ -537,7 +590,7 @@ func TestXLFlowAckPastRewind(t *testing.T) {
 	}
 	h.sock.queue = []byte("more")
 	h.f.readable() // the window is 0: a probe is due
-	for range 3 * xlMaxBackoff {
+	for range 3 * xlMaxProbes {
 		h.now = h.now.Add(h.f.rtoDelay())
 		if !h.f.onRTO() {
 			t.Fatal("the flow was reset while the client answered its probes")

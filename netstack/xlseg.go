@@ -26,7 +26,13 @@ type clientSeg struct {
 	sackOK       bool
 	ts           bool
 	tsVal, tsEcr uint32
+	// The SACK option's blocks (RFC 2018 3), nSack of them.
+	sack  [4]seqRange
+	nSack int
 }
+
+// seqRange is the sequence numbers [start, end).
+type seqRange struct{ start, end uint32 }
 
 // parseClientSeg reads b, a whole IP packet whose lengths conntrack has
 // checked. It reports false for what is not a TCP segment it can read.
@@ -77,6 +83,12 @@ func parseClientSeg(b []byte) (clientSeg, bool) {
 			s.sackOK = true
 		case kind == header.TCPOptionTS && l == 10:
 			s.ts, s.tsVal, s.tsEcr = true, binary.BigEndian.Uint32(v), binary.BigEndian.Uint32(v[4:])
+		case kind == header.TCPOptionSACK && (l-2)%8 == 0 && l > 2:
+			s.nSack = 0
+			for b := v; len(b) >= 8 && s.nSack < len(s.sack); b = b[8:] {
+				s.sack[s.nSack] = seqRange{binary.BigEndian.Uint32(b), binary.BigEndian.Uint32(b[4:])}
+				s.nSack++
+			}
 		}
 		i += l
 	}
@@ -147,15 +159,28 @@ func tsOption(b []byte, val, ecr uint32) []byte {
 	return binary.BigEndian.AppendUint32(b, ecr)
 }
 
+// sackOption is the SACK option of blocks (RFC 2018 3), aligned by two
+// NOPs.
+func sackOption(b []byte, blocks []seqRange) []byte {
+	b = append(b, header.TCPOptionNOP, header.TCPOptionNOP, header.TCPOptionSACK, byte(2+8*len(blocks)))
+	for _, r := range blocks {
+		b = binary.BigEndian.AppendUint32(b, r.start)
+		b = binary.BigEndian.AppendUint32(b, r.end)
+	}
+	return b
+}
+
 // synAckOptions are the options of the translator's SYN-ACK to syn: its
-// MSS, and window scaling and timestamps when the client offered them
-// (RFC 7323 1.3, 3.2: only then). SACK is not offered: the translator
-// keeps nothing to select from.
+// MSS, and window scaling, SACK and timestamps when the client offered
+// them (RFC 7323 1.3, 3.2, RFC 2018 2: only then).
 func synAckOptions(b []byte, syn clientSeg, mss uint16, ws uint8, tsVal uint32) []byte {
 	b = append(b, header.TCPOptionMSS, 4)
 	b = binary.BigEndian.AppendUint16(b, mss)
 	if syn.ws >= 0 {
 		b = append(b, header.TCPOptionNOP, header.TCPOptionWS, 3, ws)
+	}
+	if syn.sackOK {
+		b = append(b, header.TCPOptionNOP, header.TCPOptionNOP, header.TCPOptionSACKPermitted, 2)
 	}
 	if syn.ts {
 		b = tsOption(b, tsVal, syn.tsVal)

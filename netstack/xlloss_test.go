@@ -1,0 +1,314 @@
+package netstack
+
+import (
+	"bytes"
+	"testing"
+	"time"
+)
+
+// sackAck sends the client's pure ACK of ack with window wnd and SACK
+// blocks, given as offsets past the ISS+1.
+func (h *xlHarness) sackAck(ack uint32, wnd uint16, blocks ...[2]uint32) bool {
+	s := clientSeg{seq: h.seq, ack: testISS + 1 + ack, flags: tcpACK, wnd: wnd, ws: -1}
+	for _, b := range blocks {
+		s.sack[s.nSack] = seqRange{testISS + 1 + b[0], testISS + 1 + b[1]}
+		s.nSack++
+	}
+	return h.f.input(s)
+}
+
+// payloads returns the offsets and lengths of the segments' payloads.
+func payloads(out []clientSeg) [][2]uint32 {
+	var r [][2]uint32
+	for _, s := range out {
+		if len(s.payload) > 0 {
+			r = append(r, [2]uint32{s.seq - (testISS + 1), uint32(len(s.payload))})
+		}
+	}
+	return r
+}
+
+// TestXLFlowSACKReceive: SACK is offered when the client offers it; a
+// segment past a gap is answered at once with SACK blocks naming what is
+// kept, the block of the segment kept last first (RFC 2018 4); the gap's
+// filling acknowledges all of it, with no block left.
+func TestXLFlowSACKReceive(t *testing.T) {
+	h := newXLHarness(t, clientSeg{mss: 1460, ws: 7, ts: true, tsVal: 1, sackOK: true, wnd: 512})
+	if !h.out[0].sackOK {
+		t.Fatalf("SYN-ACK without SACK-permitted: %+v", h.out[0])
+	}
+	h.established(512)
+	for _, off := range []uint32{100, 300, 110} { // [100,120) and [300,310) kept
+		h.seq = testIRS + 1 + off
+		h.segment(0, testISS+1, 512, "0123456789")
+	}
+	out := h.take()
+	if len(out) != 3 {
+		t.Fatalf("past gaps: %d segments", len(out))
+	}
+	last := out[2]
+	want := []seqRange{{testIRS + 1 + 100, testIRS + 1 + 120}, {testIRS + 1 + 300, testIRS + 1 + 310}}
+	if last.ack != testIRS+1 || last.nSack != 2 || last.sack[0] != want[0] || last.sack[1] != want[1] {
+		t.Fatalf("duplicate ACK %+v; want SACK blocks %v", last, want)
+	}
+	h.seq = testIRS + 1
+	h.segment(0, testISS+1, 512, string(bytes.Repeat([]byte("x"), 100)))
+	out = h.take()
+	if len(out) != 1 || out[0].ack != testIRS+1+120 || out[0].nSack != 1 || out[0].sack[0] != want[1] {
+		t.Fatalf("the first gap filled: %+v", out)
+	}
+}
+
+// TestXLFlowSACKSend: the client's SACK blocks past a hole declare a loss
+// once three segments' worth is SACKed (RFC 6675 4), and the rewind sends
+// the hole, not what the client holds.
+func TestXLFlowSACKSend(t *testing.T) {
+	h := newXLHarnessLink(t, clientSeg{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
+	h.established(65535)
+	h.sock.queue = bytes.Repeat([]byte("abcdefghij"), 100) // 1000 bytes, 10 segments: the initial window
+	h.f.readable()
+	if got := payloads(h.take()); len(got) != 10 {
+		t.Fatalf("first flight: %v", got)
+	}
+	// The segment at 100 was lost; the client holds [200, 600).
+	h.sackAck(100, 65535, [2]uint32{200, 400})
+	if out := h.take(); len(out) != 0 {
+		t.Fatalf("two segments SACKed: %+v", out)
+	}
+	h.sackAck(100, 65535, [2]uint32{200, 600})
+	got := payloads(h.take())
+	if len(got) == 0 || got[0] != [2]uint32{100, 100} {
+		t.Fatalf("recovery sent %v; want the hole [100, 200) first", got)
+	}
+	for _, p := range got {
+		if p[0] >= 200 && p[0] < 600 {
+			t.Fatalf("recovery sent %v, which the client SACKed", got)
+		}
+	}
+	if !h.f.inRecovery || h.f.recover != testISS+1+1000 {
+		t.Fatalf("in recovery %v, recover %d", h.f.inRecovery, h.f.recover-testISS-1)
+	}
+	h.sackAck(1000, 65535)
+	if h.f.inRecovery || h.f.cc.window() != h.f.cc.(*reno).ssthresh {
+		t.Fatalf("after the full ACK: in recovery %v, cwnd %d", h.f.inRecovery, h.f.cc.window())
+	}
+}
+
+// TestXLFlowCongestionWindow: the first flight is the initial window (10
+// segments, RFC 6928), slow start grows it by what is acknowledged, a
+// timeout cuts it to one segment (RFC 5681 3.1).
+func TestXLFlowCongestionWindow(t *testing.T) {
+	h := newXLHarnessLink(t, clientSeg{mss: 100, ws: 0, wnd: 65535}, 1460, false)
+	h.established(65535)
+	h.sock.queue = bytes.Repeat([]byte("x"), 10000)
+	h.f.readable()
+	if got := payloads(h.take()); len(got) != 10 {
+		t.Fatalf("first flight: %d segments; want 10", len(got))
+	}
+	h.sackAck(1000, 65535)
+	if got := payloads(h.take()); len(got) != 20 {
+		t.Fatalf("after the first window's ACK: %d segments; want 20", len(got))
+	}
+	h.now = h.now.Add(time.Second)
+	h.f.onRTO()
+	if got := payloads(h.take()); len(got) != 1 || got[0] != [2]uint32{1000, 100} {
+		t.Fatalf("after a timeout: %v; want one segment at 1000", got)
+	}
+	if h.f.cc.window() != 100 || h.f.cc.(*reno).ssthresh != 1000 {
+		t.Fatalf("after a timeout: cwnd %d, ssthresh %d", h.f.cc.window(), h.f.cc.(*reno).ssthresh)
+	}
+}
+
+// TestXLFlowRTO: the timeout follows the round trips measured (RFC 6298),
+// by timestamps or by a timed segment, with a 200 ms floor; a flow whose
+// client stops answering is reset after tcp_retries2's time, not before.
+func TestXLFlowRTO(t *testing.T) {
+	for _, ts := range []bool{true, false} {
+		h := newXLHarness(t, clientSeg{mss: 1460, ws: 7, ts: ts, tsVal: 1, wnd: 65535})
+		if d := h.f.rtoDelay(); d != xlRTOInit {
+			t.Fatalf("timestamps %v: the SYN-ACK's timeout %v; want %v", ts, d, xlRTOInit)
+		}
+		h.take()
+		h.now = h.now.Add(400 * time.Millisecond)
+		h.f.input(clientSeg{seq: h.seq, ack: testISS + 1, flags: tcpACK, wnd: 65535, ts: ts, tsVal: 2, tsEcr: 7000, ws: -1})
+		// One sample of 400 ms: SRTT 400, RTTVAR 200: 1.2 s.
+		if d := h.f.rtoDelay(); d != 1200*time.Millisecond {
+			t.Fatalf("timestamps %v: after a 400 ms handshake the timeout is %v; want 1.2 s", ts, d)
+		}
+		for i := range 40 {
+			h.sock.queue = append(h.sock.queue, 'x')
+			h.f.readable()
+			h.take()
+			h.now = h.now.Add(time.Millisecond)
+			tsEcr := h.f.tsNow() - 1
+			off := uint32(i + 1)
+			h.f.input(clientSeg{seq: h.seq, ack: testISS + 1 + off, flags: tcpACK, wnd: 65535, ts: ts, tsVal: 3, tsEcr: tsEcr, ws: -1})
+		}
+		if d := h.f.rtoDelay(); d != xlRTO {
+			t.Fatalf("timestamps %v: after 1 ms round trips the timeout is %v; want the %v floor", ts, d, xlRTO)
+		}
+	}
+
+	h := newXLHarness(t, clientSeg{mss: 1460, ws: 7, wnd: 65535})
+	h.established(65535)
+	h.sock.queue = []byte("lost")
+	h.f.readable()
+	start := h.now
+	for i := 0; ; i++ {
+		h.now = h.now.Add(h.f.rtoDelay())
+		if !h.f.onRTO() {
+			break
+		}
+		if h.f.rtoDelay() > xlRTOMax {
+			t.Fatalf("backed off to %v", h.f.rtoDelay())
+		}
+		if i > 100 {
+			t.Fatal("the timeouts never end the flow")
+		}
+	}
+	if gave := h.now.Sub(start); gave < xlGiveUp || gave > xlGiveUp+xlRTOMax+xlRTO {
+		t.Fatalf("gave up after %v; want about %v (tcp_retries2)", gave, xlGiveUp)
+	}
+}
+
+// TestXLFlowPersist: with the client's window shut and bytes waiting, a
+// probe goes out at each timeout, backed off; nothing waiting, no probe and
+// no timer; a client that answers its probes is probed on, one that stops
+// is reset after xlMaxProbes.
+func TestXLFlowPersist(t *testing.T) {
+	h := newXLHarness(t, clientSeg{mss: 1460, ws: -1, wnd: 0})
+	h.established(0)
+	h.f.readable()
+	if h.f.rtoArmed {
+		t.Fatal("a timer armed with nothing to send")
+	}
+	h.sock.queue = []byte("waiting")
+	h.f.readable()
+	if !h.f.rtoArmed || len(h.take()) != 0 {
+		t.Fatal("no persist timer with bytes waiting")
+	}
+	prev := time.Duration(0)
+	for i := range 8 {
+		d := h.f.rtoDelay()
+		if d <= prev && d != xlRTOMax {
+			t.Fatalf("probe %d: the timer %v after %v: not backed off", i, d, prev)
+		}
+		prev = d
+		h.now = h.now.Add(d)
+		if !h.f.onRTO() {
+			t.Fatal("the flow ended")
+		}
+		if out := h.take(); len(out) != 1 || out[0].seq != testISS || len(out[0].payload) != 0 {
+			t.Fatalf("probe %d: %+v", i, out)
+		}
+		h.segment(0, testISS+1, 0, "") // answered: still shut
+	}
+	for i := 0; ; i++ {
+		h.now = h.now.Add(h.f.rtoDelay())
+		if !h.f.onRTO() {
+			break
+		}
+		if i > xlMaxProbes {
+			t.Fatalf("%d probes unanswered and the flow goes on", i)
+		}
+	}
+}
+
+// TestXLFlowAckChecks: an ACK of what was never sent draws an ACK and
+// changes nothing, its window neither (RFC 9293 3.10.7.4); an ACK older
+// than the largest window draws a challenge ACK (RFC 5961 5.2); a segment
+// whose timestamp is older than the last one taken is dropped (PAWS, RFC
+// 7323 5); a pure ACK ahead of rcvNxt draws nothing.
+func TestXLFlowAckChecks(t *testing.T) {
+	h := newXLHarness(t, clientSeg{mss: 1460, ws: -1, ts: true, tsVal: 100, wnd: 1000})
+	h.established(1000)
+	h.sock.queue = []byte("0123456789")
+	h.f.readable()
+	h.take()
+	seg := func(ack uint32, wnd uint16, tsVal uint32, payload string) {
+		h.f.input(clientSeg{seq: h.seq, ack: ack, flags: tcpACK, wnd: wnd, ts: true, tsVal: tsVal, ws: -1, payload: []byte(payload)})
+	}
+	seg(testISS+1+5000, 0, 101, "")
+	if out := h.take(); len(out) != 1 || h.f.sndUna != testISS+1 || h.f.sndWnd != 1000 {
+		t.Fatalf("an ACK past sndMax: sent %+v, sndUna %d, window %d", out, h.f.sndUna-testISS-1, h.f.sndWnd)
+	}
+	far := uint32(testISS + 1)
+	seg(far-100000, 0, 101, "")
+	if out := h.take(); len(out) != 1 || h.f.sndWnd != 1000 {
+		t.Fatalf("an ACK far below sndUna: sent %+v, window %d", out, h.f.sndWnd)
+	}
+	seg(testISS+1, 1000, 50, "stale")
+	if out := h.take(); len(out) != 1 || len(h.sock.written) != 0 {
+		t.Fatalf("an old timestamp: sent %+v, socket %q", out, h.sock.written)
+	}
+	h.seq += 100
+	seg(testISS+1, 1000, 102, "")
+	if out := h.take(); len(out) != 0 {
+		t.Fatalf("a pure ACK ahead of rcvNxt drew %+v", out)
+	}
+}
+
+// TestXLFlowResetAtSndMax: the RST that ends a flow after a rewind carries
+// the highest sequence number sent, where the client's next expected
+// number is, not the rewound sndNxt.
+func TestXLFlowResetAtSndMax(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: -1, wnd: 4})
+	h.established(4)
+	h.sock.queue = []byte("abcdefgh")
+	h.f.readable()
+	h.segment(0, testISS+1, 0, "") // the window shuts: nothing more
+	h.now = h.now.Add(time.Second)
+	h.f.onRTO() // rewinds to sndUna; the window takes nothing
+	h.take()
+	h.f.mu.Lock()
+	h.f.close(true)
+	h.f.mu.Unlock()
+	if out := h.take(); len(out) != 1 || out[0].flags&tcpRST == 0 || out[0].seq != testISS+1+4 {
+		t.Fatalf("RST %+v; want seq at sndMax (%d)", out, testISS+1+4)
+	}
+}
+
+// TestXLFlowFINRetransmitted: after an orderly end, the client's FIN sent
+// again (our ACK of it was lost) is acknowledged again, as TIME-WAIT does.
+func TestXLFlowFINRetransmitted(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+	h.established(65535)
+	h.sock.eof = true
+	h.f.readable() // our FIN first
+	h.segment(tcpFIN, testISS+2, 65535, "")
+	if h.f.state != xlClosed {
+		t.Fatalf("state %d after both FINs", h.f.state)
+	}
+	h.take()
+	h.seq--
+	h.segment(tcpFIN, testISS+2, 65535, "")
+	if out := h.take(); len(out) != 1 || out[0].ack != testIRS+2 || out[0].flags&tcpRST != 0 {
+		t.Fatalf("the FIN sent again drew %+v", out)
+	}
+}
+
+// TestXLFlowShortWindowBackoff: while a stalled endpoint keeps the window
+// short, the looks at it back off from 1 ms to the RTO's floor.
+func TestXLFlowShortWindowBackoff(t *testing.T) {
+	h := newXLHarness(t, clientSeg{ws: 7, wnd: 512})
+	h.established(512)
+	h.sock.room = 100 << 10
+	h.segment(0, testISS+1, 512, string(make([]byte, 1000)))
+	h.f.flushAck()
+	if !h.f.wndShort {
+		t.Fatal("the window is not short")
+	}
+	var total time.Duration
+	for range 20 {
+		total += h.f.ackDelay()
+		h.f.flushAck()
+	}
+	if d := h.f.ackDelay(); d != xlRTO || total < 2*time.Second {
+		t.Fatalf("after 20 looks: the next in %v, %v in all; want %v, backed off", d, total, xlRTO)
+	}
+	h.seq = testIRS + 1 + 1000
+	h.segment(0, testISS+1, 512, "x") // the client's segment: looks from the start again
+	if d := h.f.ackDelay(); d > xlAckDelay {
+		t.Fatalf("after a segment: %v", d)
+	}
+}

@@ -146,13 +146,13 @@ type TCPConn struct {
 // Read reads from the client.
 func (c *TCPConn) Read(b []byte) (int, error) {
 	n, err := c.TCPConn.Read(b)
-	return n, translate(err)
+	return n, resetErr(err)
 }
 
 // Write writes to the client.
 func (c *TCPConn) Write(b []byte) (int, error) {
 	n, err := c.TCPConn.Write(b)
-	return n, translate(err)
+	return n, resetErr(err)
 }
 
 // Abort closes the connection with a RST (SO_LINGER 0). The RST reaches the
@@ -165,9 +165,9 @@ func (c *TCPConn) Abort() error {
 
 var resetText = (&tcpip.ErrConnectionReset{}).String()
 
-// translate turns gonet's stringified "connection reset by peer" into an
+// resetErr turns gonet's stringified "connection reset by peer" into an
 // error wrapping syscall.ECONNRESET, so callers need no gVisor types.
-func translate(err error) error {
+func resetErr(err error) error {
 	var op *net.OpError
 	if err != nil && errors.As(err, &op) && op.Err != nil && op.Err.Error() == resetText {
 		op.Err = syscall.ECONNRESET

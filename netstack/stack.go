@@ -34,6 +34,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 
 	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/translate"
 )
 
 // The addresses of the in-process client stack (DialContext, ListenPacket):
@@ -216,7 +217,7 @@ func (st *Stack) build(opts Options) error {
 	lg.acks = &st.acks
 	if opts.TranslateTCP {
 		st.xl = translator{st: st, perAddr: make(map[netip.Addr]int)}
-		st.xl.kept.Store(xlKeptTotal)
+		st.xl.kept.Store(translate.KeptTotal)
 		lg.xl = &st.xl // translate.go
 	}
 	st.gates[inProcNIC] = newGate(ours, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)

@@ -1,11 +1,12 @@
 package netstack
 
-// The translator: TCP flows carried without gVisor, their
-// sequence space following the endpoint socket's queues (xlflow.go).
+// The translator: TCP flows carried without gVisor, their sequence space
+// following the endpoint socket's queues. Their TCP is package translate's;
+// this file hands it SYNs and segments, and owns each flow's timers.
 //
 //  1. The gate hands an admitted SYN to the translator instead of gVisor,
 //     when the stack translates and the segment is one it reads
-//     (parseClientSeg). Bounded as gVisor's handshakes are: MaxInFlight in
+//     (translate.Parse). Bounded as gVisor's handshakes are: MaxInFlight in
 //     all, MaxInFlightPerClient per client address; past that the SYN is
 //     dropped, its conntrack entry with it, and the client's retransmission
 //     comes back here. A handshake holds its slot until the client
@@ -28,6 +29,7 @@ package netstack
 import (
 	"container/list"
 	"context"
+	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
 	"runtime/debug"
@@ -40,6 +42,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/translate"
 )
 
 // TranslatedHandler receives the TCP flows the translator carries. It
@@ -65,7 +68,7 @@ type translator struct {
 
 // xlHalfOpenAge is how long a SYN-ACK goes unanswered before its
 // handshake may be reset to make room: the SYN-ACK's first timeout.
-const xlHalfOpenAge = xlRTOInit
+const xlHalfOpenAge = translate.RTOInit
 
 // xlEntry is a tuple's registration: a request until Accept, then a flow.
 type xlEntry struct {
@@ -77,7 +80,7 @@ type TranslateRequest struct {
 	x      *translator
 	g      *gate
 	tuple  conntrack.Tuple
-	syn    clientSeg
+	syn    translate.Segment
 	raw    []byte // the SYN, for Fallback
 	proto  tcpip.NetworkProtocolNumber
 	client netip.AddrPort
@@ -112,8 +115,8 @@ func (x *translator) syn(g *gate, t conntrack.Tuple, proto tcpip.NetworkProtocol
 	if !ok {
 		return false
 	}
-	s, ok := parseClientSeg(b)
-	if !ok || s.flags&(tcpSYN|tcpACK|tcpRST|tcpFIN) != tcpSYN {
+	s, ok := parseTCP(b)
+	if !ok || !s.IsSYN() {
 		return false
 	}
 	client, svc := t.Src(), t.Dst()
@@ -146,7 +149,6 @@ func (x *translator) syn(g *gate, t conntrack.Tuple, proto tcpip.NetworkProtocol
 	}
 	r := &TranslateRequest{x: x, g: g, tuple: t, syn: s, raw: append([]byte(nil), b...), proto: proto,
 		client: client, svc: svc, e: e, at: now}
-	r.syn.payload = nil
 	x.st.handlers.Add(1)
 	go x.handle(h, r)
 	return true
@@ -228,8 +230,8 @@ func (r *TranslateRequest) Refuse() {
 		r.release()
 		r.unregister()
 		w := r.writer()
-		buf := make([]byte, w.ipLen()+header.TCPMinimumSize)
-		n := w.build(buf, 0, r.syn.seq+1, tcpRST|tcpACK, 0, nil, nil)
+		buf := make([]byte, w.IPLen()+header.TCPMinimumSize)
+		n := w.Build(buf, 0, r.syn.Seq()+1, tcpRST|tcpACK, 0, nil, nil)
 		r.g.writeOwnSegment(buf[:n], r.proto)
 	})
 }
@@ -252,16 +254,38 @@ func (r *TranslateRequest) Fallback() {
 	})
 }
 
-func (r *TranslateRequest) writer() segWriter {
-	w := segWriter{v6: r.svc.Addr().Is6(), sport: r.svc.Port(), dport: r.client.Port()}
-	w.src = tcpip.AddrFromSlice(r.svc.Addr().AsSlice())
-	w.dst = tcpip.AddrFromSlice(r.client.Addr().AsSlice())
-	return w
+func (r *TranslateRequest) writer() translate.Writer { return translate.NewWriter(r.svc, r.client) }
+
+// parseTCP reads the TCP segment of b, a whole IP packet whose lengths
+// conntrack has checked (tcpOffset's packets), as far as its IP header's
+// length says: link padding is not payload.
+func parseTCP(b []byte) (translate.Segment, bool) {
+	off, ok := tcpOffset(b)
+	if !ok {
+		return translate.Segment{}, false
+	}
+	end := len(b)
+	if b[0]>>4 == 4 {
+		end = min(end, int(binary.BigEndian.Uint16(b[2:])))
+	} else {
+		end = min(end, header.IPv6MinimumSize+int(binary.BigEndian.Uint16(b[4:])))
+	}
+	if end < off {
+		return translate.Segment{}, false
+	}
+	return translate.Parse(b[off:end])
 }
+
+// EndpointSocket is what a translated flow does with its endpoint socket
+// (translate's; proxy implements it).
+type EndpointSocket = translate.EndpointSocket
+
+// ErrSocketEmpty is EndpointSocket.Peek's EAGAIN.
+var ErrSocketEmpty = translate.ErrSocketEmpty
 
 // TranslatedFlow is an accepted translated connection; its owner runs it.
 type TranslatedFlow struct {
-	f     *xlFlow
+	f     *translate.Flow
 	r     *TranslateRequest
 	tm    sync.Mutex  // guards the timers' state
 	timer *time.Timer // the flow's retransmission timer (armed: rtoOn)
@@ -289,18 +313,21 @@ func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(
 		// handshakes keep theirs.
 		w := r.writer()
 		mtu := int(r.g.MTU())
-		mss := mtu - w.ipLen() - header.TCPMinimumSize
+		mss := mtu - w.IPLen() - header.TCPMinimumSize
 		t = &TranslatedFlow{r: r, wake: wake, waitWritable: waitWritable}
 		var partial func([]byte, int, int)
 		if r.g.segmentOut != nil {
 			v6 := r.proto == header.IPv6ProtocolNumber
-			partial = func(p []byte, hdrLen, mss int) { r.g.writeOwnPartial(p, v6, w.ipLen(), hdrLen, mss) }
+			partial = func(p []byte, hdrLen, mss int) { r.g.writeOwnPartial(p, v6, w.IPLen(), hdrLen, mss) }
 		}
-		t.f = newXLFlow(xlConfig{
-			sock: sock, w: w, emit: func(p []byte) { r.g.writeOwnSegment(p, r.proto) }, emitPartial: partial, held: &r.x.st.acks, bytes: bytes, now: time.Now,
-			hsDeadline: r.at.Add(r.x.st.hsTimeout), hsAborted: &r.x.st.counters.handshakesAborted,
-			iss: rand.Uint32(), tsBase: rand.Uint32(), rcvWnd: rcvWnd, rcvShift: xlWindowShift, keptBudget: &r.x.kept,
-			linkMSS: uint16(min(mss, 0xffff)),
+		acks := &r.x.st.acks
+		t.f = translate.New(translate.Config{
+			Sock: sock, Writer: w, Emit: func(p []byte) { r.g.writeOwnSegment(p, r.proto) }, EmitPartial: partial,
+			Held:  &translate.HeldCounts{Superseded: &acks.superseded, Expired: &acks.expired, Dropped: &acks.dropped},
+			Bytes: bytes, Now: time.Now,
+			HSDeadline: r.at.Add(r.x.st.hsTimeout), HSAborted: &r.x.st.counters.handshakesAborted,
+			ISS: rand.Uint32(), TSBase: rand.Uint32(), RcvWnd: rcvWnd, RcvShift: xlWindowShift, KeptBudget: &r.x.kept,
+			LinkMSS: uint16(min(mss, 0xffff)),
 		}, r.syn)
 		t.timer = time.AfterFunc(time.Hour, t.onRTO)
 		t.timer.Stop()
@@ -313,7 +340,7 @@ func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(
 		}
 		r.x.mu.Unlock()
 		r.e.flow.Store(t) // before the SYN-ACK: the client's answer finds the flow
-		t.f.start()
+		t.f.Start()
 		t.syncTimers()
 	})
 	return t
@@ -322,19 +349,19 @@ func (r *TranslateRequest) Accept(sock EndpointSocket, rcvWnd uint32, wake func(
 // input is the gate's: a client segment b of the flow (step 3).
 func (t *TranslatedFlow) input(b []byte) {
 	defer t.contain()
-	s, ok := parseClientSeg(b)
+	s, ok := parseTCP(b)
 	if !ok {
 		return
 	}
-	t.f.input(s)
+	t.f.Input(s)
 	st := t.syncTimers() // the flow's state, read once per segment
-	if st.closed {
+	if st.Closed {
 		t.wake()
 	}
-	if !st.synRcvd && !t.r.released.Load() {
+	if !st.SynRcvd && !t.r.released.Load() {
 		t.r.release() // the handshake is complete, or the flow ended
 	}
-	if st.full && t.waiting.CompareAndSwap(false, true) {
+	if st.SockFull && t.waiting.CompareAndSwap(false, true) {
 		go t.waitWritable(func() {
 			t.waiting.Store(false)
 			t.Writable()
@@ -346,15 +373,15 @@ func (t *TranslatedFlow) input(b []byte) {
 // EOF; it reports whether the flow has ended.
 func (t *TranslatedFlow) Readable() (ended bool) {
 	defer t.containEnded(&ended)
-	t.f.readable()
-	return t.syncTimers().closed
+	t.f.Readable()
+	return t.syncTimers().Closed
 }
 
 // Writable is the owner's report that the endpoint socket, full before,
 // takes bytes again.
 func (t *TranslatedFlow) Writable() {
 	defer t.contain()
-	t.f.writable()
+	t.f.Writable()
 	t.syncTimers()
 }
 
@@ -391,18 +418,12 @@ func (t *TranslatedFlow) contained(p any) {
 }
 
 // Ended reports whether the flow is over.
-func (t *TranslatedFlow) Ended() bool {
-	t.f.mu.Lock()
-	defer t.f.mu.Unlock()
-	return t.f.state == xlClosed
-}
+func (t *TranslatedFlow) Ended() bool { return t.f.Ended() }
 
 // Abort ends the flow with a RST to the client and an aborted socket.
 func (t *TranslatedFlow) Abort() {
 	t.r.x.st.resets.mark(t.r.tuple) // its entry may be gone: the RST still leaves (reset.go)
-	t.f.mu.Lock()
-	t.f.close(true)
-	t.f.mu.Unlock()
+	t.f.Abort()
 	t.syncTimers()
 	t.wake()
 }
@@ -422,29 +443,18 @@ func (t *TranslatedFlow) Forget() {
 // socket's send buffer grows to here.
 const xlWindowShift = 7
 
-// xlAckDelay is how long a flow holds the ACK of a client's data for the
-// endpoint's answer to carry it, as the ACK holder does (ackhold.go).
-const xlAckDelay = ackHold
-
 // syncTimers arms or stops the flow's timers as its state asks. The
 // retransmission timer is armed once per flight, not per segment.
-func (t *TranslatedFlow) syncTimers() flowState {
+func (t *TranslatedFlow) syncTimers() translate.State {
 	// tm first, then the flow's state: a decision read earlier and applied
 	// later could stop a timer another goroutine's newer one armed.
 	t.tm.Lock()
 	defer t.tm.Unlock()
-	f := t.f
-	f.mu.Lock()
-	st := flowState{closed: f.state == xlClosed, synRcvd: f.state == xlSynRcvd, full: f.sockFull && f.state != xlClosed}
-	rto, held, d, ackDelay := f.rtoArmed, !st.closed && (f.ackHeld || (f.wndShort && !f.sockFull)), f.rtoDelay(), f.ackDelay()
-	f.mu.Unlock()
-	setTimer(t.timer, &t.rtoOn, rto, d)
-	setTimer(t.ack, &t.ackOn, held, ackDelay)
+	st := t.f.State()
+	setTimer(t.timer, &t.rtoOn, st.RTO, st.RTODelay)
+	setTimer(t.ack, &t.ackOn, st.Ack, st.AckDelay)
 	return st
 }
-
-// flowState is what syncTimers read of the flow, for its caller.
-type flowState struct{ closed, synRcvd, full bool }
 
 // setTimer arms tm for d when want and it is not on, or stops it when on
 // and not wanted; on says which it is.
@@ -464,7 +474,7 @@ func (t *TranslatedFlow) onRTO() {
 	t.tm.Lock()
 	t.rtoOn = false
 	t.tm.Unlock()
-	if !t.f.onRTO() {
+	if !t.f.OnRTO() {
 		t.wake()
 	}
 	t.syncTimers()
@@ -475,7 +485,7 @@ func (t *TranslatedFlow) flushAck() {
 	t.tm.Lock()
 	t.ackOn = false
 	t.tm.Unlock()
-	t.f.flushAck()
+	t.f.FlushAck()
 	t.syncTimers()
 }
 

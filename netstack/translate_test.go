@@ -13,20 +13,48 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/userproxy/userproxy/conntrack"
+	"github.com/userproxy/userproxy/translate"
 )
 
-// panickySocket is a fake endpoint socket whose Peek panics once armed, as
-// a bug in the flow's code would.
-type panickySocket struct {
-	fakeSocket
-	armed bool
+// memSocket is an endpoint socket in memory that takes every write and
+// holds the endpoint's bytes in queue; its Peek panics once armed, as a
+// bug in a flow's code would.
+type memSocket struct {
+	queue   []byte
+	peekOff int
+	aborted bool
+	armed   bool
 }
 
-func (s *panickySocket) Peek(b []byte) (int, error) {
+func (s *memSocket) Write(b []byte) (int, error) { return len(b), nil }
+func (s *memSocket) Peek(b []byte) (int, error) {
 	if s.armed {
 		panic("a bug in the flow's TCP")
 	}
-	return s.fakeSocket.Peek(b)
+	if s.peekOff >= len(s.queue) {
+		return 0, ErrSocketEmpty
+	}
+	n := copy(b, s.queue[s.peekOff:])
+	s.peekOff += n
+	return n, nil
+}
+func (s *memSocket) Discard(n int) error {
+	s.queue = s.queue[n:]
+	s.peekOff = max(0, s.peekOff-n)
+	return nil
+}
+func (s *memSocket) SetPeekOffset(n int) error { s.peekOff = n; return nil }
+func (s *memSocket) ShutdownWrite() error      { return nil }
+func (s *memSocket) Abort()                    { s.aborted = true }
+func (s *memSocket) Space() (int, error)       { return 1 << 20, nil }
+func (s *memSocket) Writable() bool            { return true }
+
+// clientPacket builds the client's segment to the service, a whole IPv4
+// packet.
+func clientPacket(client, svc netip.AddrPort, seq, ack uint32, flags byte) []byte {
+	w := translate.NewWriter(client, svc)
+	p := make([]byte, 100)
+	return p[:w.Build(p, seq, ack, flags, 0xffff, nil, nil)]
 }
 
 // TestTranslatedFlowPanicContained: a panic in one flow's TCP, on any of
@@ -35,6 +63,7 @@ func (s *panickySocket) Peek(b []byte) (int, error) {
 // and an aborted socket, is counted and logged with its stack, and does not
 // reach the caller.
 func TestTranslatedFlowPanicContained(t *testing.T) {
+	client, svc := netip.MustParseAddrPort("10.0.0.7:40000"), netip.MustParseAddrPort("10.96.0.10:80")
 	for _, entry := range []string{"input", "readable", "timer"} {
 		t.Run(entry, func(t *testing.T) {
 			ct, err := conntrack.NewTable(conntrack.Config{})
@@ -44,34 +73,39 @@ func TestTranslatedFlowPanicContained(t *testing.T) {
 			core, logs := observer.New(zap.ErrorLevel)
 			st := &Stack{logger: zap.New(core)}
 			st.resets.ct = ct
-			sock := &panickySocket{fakeSocket: fakeSocket{room: -1}}
-			h := newXLHarness(t, clientSeg{mss: 1460, ws: 7, wnd: 64240})
-			h.f.sock = sock
-			h.established(0xffff)
+			sock := &memSocket{}
+			var out [][]byte
+			now := time.Unix(1000, 0)
+			syn, _ := parseTCP(clientPacket(client, svc, 5000, 0, tcpSYN))
+			f := translate.New(translate.Config{
+				Sock: sock, Writer: translate.NewWriter(svc, client), Emit: func(p []byte) { out = append(out, append([]byte(nil), p...)) },
+				Now: func() time.Time { return now }, ISS: 1000, RcvWnd: 1 << 20, LinkMSS: 1460,
+			}, syn)
+			f.Start()
+			ack, _ := parseTCP(clientPacket(client, svc, 5001, 1001, tcpACK))
+			f.Input(ack)
 			woken := 0
 			r := &TranslateRequest{x: &translator{st: st}}
 			r.released.Store(true) // no in-flight slot to give back
-			tf := &TranslatedFlow{f: h.f, r: r, wake: func() { woken++ }}
+			tf := &TranslatedFlow{f: f, r: r, wake: func() { woken++ }}
 			tf.timer = time.AfterFunc(time.Hour, func() {})
 			tf.ack = time.AfterFunc(time.Hour, func() {})
 			defer tf.Forget()
-			sock.queue, sock.armed = []byte("answer"), true
+			sock.queue = []byte("answer")
 			switch entry {
 			case "input":
 				// A pure ACK that pumps: the peek panics under input.
-				w := *testSegWriter(t, "10.0.0.7:40000", "10.96.0.10:80")
-				pkt := make([]byte, 60)
-				n := w.build(pkt, h.seq, testISS+1, tcpACK, 0xffff, nil, nil)
-				tf.input(pkt[:n])
+				sock.armed = true
+				tf.input(clientPacket(client, svc, 5001, 1001, tcpACK))
 			case "readable":
+				sock.armed = true
 				if !tf.Readable() {
 					t.Errorf("Readable reports the flow live after its panic")
 				}
 			case "timer":
-				h.f.mu.Lock()
-				h.f.rtoArmed, h.f.sndNxt, h.f.sndMax = true, h.f.sndNxt+6, h.f.sndMax+6
-				h.f.mu.Unlock()
-				h.now = h.now.Add(time.Second)
+				tf.Readable() // the answer goes out, the timer armed
+				sock.armed = true
+				now = now.Add(2 * time.Second)
 				tf.onRTO() // rewinds and peeks
 			}
 			if got := st.counters.flowPanics.Load(); got != 1 {
@@ -80,9 +114,8 @@ func TestTranslatedFlowPanicContained(t *testing.T) {
 			if !tf.Ended() || !sock.aborted || woken == 0 {
 				t.Errorf("after the panic: ended %v, socket aborted %v, owner woken %d times", tf.Ended(), sock.aborted, woken)
 			}
-			out := h.take()
-			if len(out) == 0 || out[len(out)-1].flags&tcpRST == 0 {
-				t.Errorf("the client got %+v; want a RST last", out)
+			if last, _ := parseTCP(out[len(out)-1]); last.Flags()&tcpRST == 0 {
+				t.Errorf("the client's last segment has flags %#x; want a RST", last.Flags())
 			}
 			if e := logs.FilterMessageSnippet("panicked").All(); len(e) != 1 || e[0].ContextMap()["stack"] == nil {
 				t.Errorf("logged %+v; want one error with the stack", e)
@@ -166,7 +199,7 @@ func TestTranslatedHalfOpenEvicted(t *testing.T) {
 	spoofed, real := netip.MustParseAddrPort("198.18.0.1:1024"), netip.MustParseAddrPort("10.0.0.7:40002")
 	link.Inject(tcpPacket(spoofed, svc, header.TCPFlagSyn, 100, 0))
 	ra := <-h.reqs
-	sock := &fakeSocket{room: -1}
+	sock := &memSocket{}
 	tf := ra.Accept(sock, 1<<20, func() {}, func(func()) {}, nil)
 	defer tf.Forget()
 	h.done <- struct{}{}
@@ -203,7 +236,7 @@ func TestTranslatedHalfOpenEvicted(t *testing.T) {
 		if p == nil {
 			t.Fatal("no RST to the old handshake's client")
 		}
-		if s, ok := parseClientSeg(p); ok && s.flags&tcpRST != 0 && netip.AddrFrom4([4]byte(p[16:20])) == spoofed.Addr() {
+		if s, ok := parseTCP(p); ok && s.Flags()&tcpRST != 0 && netip.AddrFrom4([4]byte(p[16:20])) == spoofed.Addr() {
 			break
 		}
 	}

@@ -113,10 +113,9 @@ func (r *UDPRequest) buildReply(p, b []byte) tcpip.NetworkProtocolNumber {
 }
 
 // putIPHeader writes at p's start the IP header of a packet the gate builds
-// itself (a UDP reply; a translated TCP flow's segment, xlseg.go) carrying
-// transportLen bytes of proto from src to dst, and returns its length:
-// IPv4 with DF set and its checksum, or IPv6, by src's family; TTL
-// replyTTL.
+// itself (a UDP reply) carrying transportLen bytes of proto from src to
+// dst, and returns its length: IPv4 with DF set and its checksum, or IPv6,
+// by src's family; TTL replyTTL.
 func putIPHeader(p []byte, src, dst tcpip.Address, proto tcpip.TransportProtocolNumber, transportLen int) int {
 	if src.Len() == header.IPv4AddressSize {
 		ip := header.IPv4(p)

@@ -1,4 +1,4 @@
-package netstack
+package translate
 
 import (
 	"encoding/binary"
@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// FuzzXLFlow drives a translated flow with any SYN options (any MSS,
+// FuzzFlow drives a translated flow with any SYN options (any MSS,
 // window scale, timestamps, SACK-permitted, malformed lengths: the SYN's
 // option bytes are parsed as the gate parses them), over a link with or
 // without offloads, then any sequence of client segments (in order or not,
@@ -17,7 +17,7 @@ import (
 // sequence number and never one already acknowledged, that no segment
 // carries more than the MSS allows, and that the kept segments stay
 // bounded.
-func FuzzXLFlow(f *testing.F) {
+func FuzzFlow(f *testing.F) {
 	mss := func(v uint16) []byte { return []byte{2, 4, byte(v >> 8), byte(v)} }
 	f.Add(append(mss(536), 3, 3, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0), false, []byte{0, 0, 0, 0, 100, 0, 2, 0, 0, 0, 50, 0, 1, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0})
 	f.Add(append(mss(536), 3, 3, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0), true, []byte{0, 0, 200, 0, 100, 0, 0, 0, 0, 0, 200, 1, 5, 0, 10, 0, 0, 0, 4, 0, 250, 0, 0, 0})
@@ -38,13 +38,13 @@ func FuzzXLFlow(f *testing.F) {
 			synOpts = synOpts[:40]
 		}
 		opts := append(append([]byte(nil), synOpts...), make([]byte, (4-len(synOpts)%4)%4)...)
-		w := testSegWriter(t, "10.0.0.7:40000", "10.96.0.10:80")
+		w := testWriter("10.0.0.7:40000", "10.96.0.10:80")
 		pkt := make([]byte, 100)
-		syn, ok := parseClientSeg(pkt[:w.build(pkt, testIRS, 0, tcpSYN, 1000, opts, nil)])
+		syn, ok := parseIP(pkt[:w.Build(pkt, testIRS, 0, tcpSYN, 1000, opts, nil)])
 		if !ok {
 			t.Fatalf("the SYN with options %x does not parse", opts)
 		}
-		h := newXLHarnessLink(t, syn, 1460, gso)
+		h := newHarnessLink(t, syn, 1460, gso)
 		segMax := h.f.sendMSS
 		if segMax <= 0 || segMax > 1460 {
 			t.Fatalf("send MSS %d from the SYN's options %x", segMax, opts)
@@ -72,7 +72,7 @@ func FuzzXLFlow(f *testing.F) {
 					t.Fatalf("sent bytes at %d that are not the endpoint's", off)
 				}
 			}
-			if h.f.kept.len() > xlKeptSegs || h.f.kept.bytes > xlKeptBytes {
+			if h.f.kept.len() > keptSegs || h.f.kept.bytes > keptBytes {
 				t.Fatalf("%d segments kept, %d bytes", h.f.kept.len(), h.f.kept.bytes)
 			}
 		}
@@ -105,24 +105,24 @@ func FuzzXLFlow(f *testing.F) {
 					h.sock.queue = append(h.sock.queue, stream(2, queued, n)...)
 					queued += n
 				}
-				h.f.readable()
+				h.f.Readable()
 			case 3: // the endpoint's EOF
 				eof, h.sock.eof = true, true
-				h.f.readable()
+				h.f.Readable()
 			case 4: // time passes: the timers fire
 				h.now = h.now.Add(time.Duration(a) * time.Millisecond)
-				h.f.onRTO()
-				h.f.flushAck()
+				h.f.OnRTO()
+				h.f.FlushAck()
 			case 5: // the socket fills or drains
 				h.sock.room = a%5000 - 1
-				h.f.writable()
+				h.f.Writable()
 			case 6: // a RST or a SYN, anywhere
 				h.seq = testIRS + uint32(a%100)
 				flags := byte(tcpRST)
 				if c&1 != 0 {
 					flags = tcpSYN
 				}
-				h.f.input(clientSeg{seq: h.seq, ack: ack, flags: flags, wnd: uint16(b), ws: -1})
+				h.f.Input(Segment{seq: h.seq, ack: ack, flags: flags, wnd: uint16(b), ws: -1})
 			}
 			check()
 		}

@@ -1,13 +1,12 @@
-package netstack
+package translate
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // fakeSocket is an endpoint socket in memory: write takes up to room
@@ -65,13 +64,13 @@ func (s *fakeSocket) Space() (int, error) {
 
 func (s *fakeSocket) Writable() bool { return s.room != 0 }
 
-// xlHarness drives one flow as its client: it sends segments and reads
+// harness drives one flow as its client: it sends segments and reads
 // what the flow emitted.
-type xlHarness struct {
+type harness struct {
 	t    *testing.T
 	sock *fakeSocket
-	f    *xlFlow
-	out  []clientSeg
+	f    *Flow
+	out  []Segment
 	now  time.Time
 	seq  uint32 // the client's next sequence number
 }
@@ -81,39 +80,39 @@ const (
 	testIRS = 5000
 )
 
-func newXLHarness(t *testing.T, syn clientSeg) *xlHarness {
-	return newXLHarnessLink(t, syn, 65000, false)
+func newHarness(t *testing.T, syn Segment) *harness {
+	return newHarnessLink(t, syn, 65000, false)
 }
 
-// newXLHarnessLink is newXLHarness over a link of MSS linkMSS; with gso,
+// newHarnessLink is newHarness over a link of MSS linkMSS; with gso,
 // the link offloads: data segments come out whole through emitPartial,
 // which checks the MSS they are to be cut at and cuts them as the kernel
 // would, so that the harness sees the segments the client would get.
-func newXLHarnessLink(t *testing.T, syn clientSeg, linkMSS uint16, gso bool) *xlHarness {
-	h := &xlHarness{t: t, sock: &fakeSocket{room: -1}, now: time.Unix(1000, 0), seq: testIRS + 1}
+func newHarnessLink(t *testing.T, syn Segment, linkMSS uint16, gso bool) *harness {
+	h := &harness{t: t, sock: &fakeSocket{room: -1}, now: time.Unix(1000, 0), seq: testIRS + 1}
 	syn.seq, syn.flags = testIRS, tcpSYN
-	cfg := xlConfig{
-		sock: h.sock, w: *testSegWriter(t, "10.96.0.10:80", "10.0.0.7:40000"), emit: h.emit,
-		now: func() time.Time { return h.now }, iss: testISS, tsBase: 7000, rcvWnd: 1 << 20, rcvShift: 7, linkMSS: linkMSS,
+	cfg := Config{
+		Sock: h.sock, Writer: testWriter("10.96.0.10:80", "10.0.0.7:40000"), Emit: h.emit,
+		Now: func() time.Time { return h.now }, ISS: testISS, TSBase: 7000, RcvWnd: 1 << 20, RcvShift: 7, LinkMSS: linkMSS,
 	}
 	if gso {
-		cfg.emitPartial = h.emitPartial
+		cfg.EmitPartial = h.emitPartial
 	}
-	h.f = newXLFlow(cfg, syn)
-	h.f.start()
+	h.f = New(cfg, syn)
+	h.f.Start()
 	return h
 }
 
 // emitPartial cuts a GSO segment p, whose headers are hdrLen bytes long,
 // into segments of at most mss bytes of payload, as the kernel does.
-func (h *xlHarness) emitPartial(p []byte, hdrLen, mss int) {
+func (h *harness) emitPartial(p []byte, hdrLen, mss int) {
 	if mss <= 0 || len(p) <= hdrLen {
 		h.t.Fatalf("a GSO segment of %d bytes, headers %d, to be cut at MSS %d", len(p), hdrLen, mss)
 	}
 	if segs := (len(p) - hdrLen + mss - 1) / mss; segs > 2048 {
 		h.t.Fatalf("a GSO segment cut into %d segments of %d bytes", segs, mss)
 	}
-	s, ok := parseClientSeg(p)
+	s, ok := parseIP(p)
 	if !ok {
 		h.t.Fatalf("the flow emitted what is not a TCP segment: %x", p)
 	}
@@ -125,8 +124,8 @@ func (h *xlHarness) emitPartial(p []byte, hdrLen, mss int) {
 	}
 }
 
-func (h *xlHarness) emit(p []byte) {
-	s, ok := parseClientSeg(p)
+func (h *harness) emit(p []byte) {
+	s, ok := parseIP(p)
 	if !ok {
 		h.t.Fatalf("the flow emitted what is not a TCP segment: %x", p)
 	}
@@ -135,23 +134,23 @@ func (h *xlHarness) emit(p []byte) {
 }
 
 // take returns what the flow emitted since the last call.
-func (h *xlHarness) take() []clientSeg {
+func (h *harness) take() []Segment {
 	out := h.out
 	h.out = nil
 	return out
 }
 
 // segment sends the client's segment with the ACK of ack and window wnd.
-func (h *xlHarness) segment(flags byte, ack uint32, wnd uint16, payload string) bool {
-	s := clientSeg{seq: h.seq, ack: ack, flags: flags | tcpACK, wnd: wnd, payload: []byte(payload), ws: -1}
+func (h *harness) segment(flags byte, ack uint32, wnd uint16, payload string) bool {
+	s := Segment{seq: h.seq, ack: ack, flags: flags | tcpACK, wnd: wnd, payload: []byte(payload), ws: -1}
 	h.seq += uint32(len(payload))
 	if flags&tcpFIN != 0 {
 		h.seq++
 	}
-	return h.f.input(s)
+	return h.f.Input(s)
 }
 
-func (h *xlHarness) established(wnd uint16) {
+func (h *harness) established(wnd uint16) {
 	h.t.Helper()
 	synAck := h.take()
 	if len(synAck) != 1 || synAck[0].flags != tcpSYN|tcpACK || synAck[0].seq != testISS || synAck[0].ack != testIRS+1 {
@@ -161,16 +160,16 @@ func (h *xlHarness) established(wnd uint16) {
 	if out := h.take(); len(out) != 0 {
 		h.t.Fatalf("the handshake's ACK drew %+v", out)
 	}
-	if h.f.state != xlEstablished {
+	if h.f.state != stateEstablished {
 		h.t.Fatalf("state %d after the handshake", h.f.state)
 	}
 }
 
-// TestXLFlowExchange: the handshake's options, a request written to the
+// TestFlowExchange: the handshake's options, a request written to the
 // socket with its ACK held, the answer carrying that ACK, the client's ACK
 // discarding what it covers.
-func TestXLFlowExchange(t *testing.T) {
-	h := newXLHarness(t, clientSeg{mss: 1460, ws: 7, ts: true, tsVal: 42, wnd: 64240})
+func TestFlowExchange(t *testing.T) {
+	h := newHarness(t, Segment{mss: 1460, ws: 7, ts: true, tsVal: 42, wnd: 64240})
 	synAck := h.out[0]
 	// The SYN-ACK's MSS is what the link carries to us, whatever the
 	// client's (RFC 9293 3.7.1: each side announces what it receives).
@@ -189,7 +188,7 @@ func TestXLFlowExchange(t *testing.T) {
 
 	h.sock.queue = []byte("pong")
 	h.now = h.now.Add(5 * time.Millisecond)
-	h.f.readable()
+	h.f.Readable()
 	out := h.take()
 	if len(out) != 1 || string(out[0].payload) != "pong" || out[0].seq != testISS+1 || out[0].ack != testIRS+1+4 {
 		t.Fatalf("answer: %+v", out)
@@ -207,11 +206,11 @@ func TestXLFlowExchange(t *testing.T) {
 	}
 }
 
-// TestXLFlowFullSocket: a short write acknowledges what the socket took and
+// TestFlowFullSocket: a short write acknowledges what the socket took and
 // closes the window; the socket draining opens it with three duplicate ACKs
 // after the update, and the client's bytes sent again are taken.
-func TestXLFlowFullSocket(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+func TestFlowFullSocket(t *testing.T) {
+	h := newHarness(t, Segment{ws: -1, wnd: 65535})
 	h.established(65535)
 	h.sock.room = 3
 	h.segment(0, testISS+1, 65535, "hello")
@@ -220,7 +219,7 @@ func TestXLFlowFullSocket(t *testing.T) {
 		t.Fatalf("short write: socket %q, sent %+v", h.sock.written, out)
 	}
 	h.seq = testIRS + 1 + 3 // the client goes back to what was not taken
-	h.f.writable()
+	h.f.Writable()
 	out = h.take()
 	if len(out) != 1+dupAckThresh {
 		t.Fatalf("writable sent %d segments, want %d", len(out), 1+dupAckThresh)
@@ -237,12 +236,12 @@ func TestXLFlowFullSocket(t *testing.T) {
 	}
 }
 
-// TestXLFlowOutOfOrder: a segment past a gap is kept, not written, and
+// TestFlowOutOfOrder: a segment past a gap is kept, not written, and
 // draws a duplicate ACK at once; the segment that fills the gap writes
 // both in order and is acknowledged at once; a segment sent again in part
 // writes only its new bytes.
-func TestXLFlowOutOfOrder(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+func TestFlowOutOfOrder(t *testing.T) {
+	h := newHarness(t, Segment{ws: -1, wnd: 65535})
 	h.established(65535)
 	h.seq += 5
 	h.segment(0, testISS+1, 65535, "world")
@@ -258,7 +257,7 @@ func TestXLFlowOutOfOrder(t *testing.T) {
 	}
 	h.seq = testIRS + 1 + 8
 	h.segment(0, testISS+1, 65535, "ld!!")
-	h.f.flushAck()
+	h.f.FlushAck()
 	out = h.take()
 	if string(h.sock.written) != "helloworld!!" || len(out) != 1 || out[0].ack != testIRS+1+12 {
 		t.Fatalf("sent again in part: socket %q, sent %+v", h.sock.written, out)
@@ -270,19 +269,19 @@ func TestXLFlowOutOfOrder(t *testing.T) {
 	}
 }
 
-// TestXLFlowKeptBounds: segments past a gap are kept up to xlKeptSegs
-// of them and xlKeptBytes, within the stack's shared budget, none past the
+// TestFlowKeptBounds: segments past a gap are kept up to keptSegs
+// of them and keptBytes, within the stack's shared budget, none past the
 // window offered; a full socket keeps them (the client was told of them)
 // and writes them once it drains.
-func TestXLFlowKeptBounds(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: 7, wnd: 65535})
+func TestFlowKeptBounds(t *testing.T) {
+	h := newHarness(t, Segment{ws: 7, wnd: 65535})
 	h.established(65535)
-	for i := range xlKeptSegs + 2 {
+	for i := range keptSegs + 2 {
 		h.seq = testIRS + 1 + uint32(10*(i+1))
 		h.segment(0, testISS+1, 65535, "0123456789")
 	}
-	if h.f.kept.len() != xlKeptSegs {
-		t.Fatalf("kept %d segments, want %d", h.f.kept.len(), xlKeptSegs)
+	if h.f.kept.len() != keptSegs {
+		t.Fatalf("kept %d segments, want %d", h.f.kept.len(), keptSegs)
 	}
 	for i, k := range h.f.kept.segs {
 		if k.seq != testIRS+1+uint32(10*(i+1)) {
@@ -292,12 +291,12 @@ func TestXLFlowKeptBounds(t *testing.T) {
 	h.f.kept.drop()
 	h.f.rcvAdv = h.f.rcvNxt + 8<<20 // as if an 8 MiB window had been offered
 	big := string(make([]byte, 60000))
-	for i := range xlKeptBytes/60000 + 2 {
+	for i := range keptBytes/60000 + 2 {
 		h.seq = testIRS + 1 + 10 + uint32(60000*i)
 		h.segment(0, testISS+1, 65535, big)
 	}
-	if h.f.kept.bytes > xlKeptBytes || h.f.kept.bytes < xlKeptBytes-60000 {
-		t.Fatalf("kept %d bytes; want at most %d, and close", h.f.kept.bytes, xlKeptBytes)
+	if h.f.kept.bytes > keptBytes || h.f.kept.bytes < keptBytes-60000 {
+		t.Fatalf("kept %d bytes; want at most %d, and close", h.f.kept.bytes, keptBytes)
 	}
 	h.f.kept.drop()
 
@@ -331,7 +330,7 @@ func TestXLFlowKeptBounds(t *testing.T) {
 		t.Fatalf("a full socket: socket %q, kept %d", h.sock.written, h.f.kept.len())
 	}
 	h.sock.room = -1
-	h.f.writable()
+	h.f.Writable()
 	if string(h.sock.written) != "012" {
 		t.Fatalf("the kept segment went in past the gap the short write left: %q", h.sock.written)
 	}
@@ -342,14 +341,14 @@ func TestXLFlowKeptBounds(t *testing.T) {
 	}
 }
 
-// TestXLFlowWindowAndRetransmission: sending stops at the client's window
+// TestFlowWindowAndRetransmission: sending stops at the client's window
 // and goes on when it opens; a timeout sends again from the acknowledged
 // point; three duplicate ACKs do too; the timeouts end in a reset.
-func TestXLFlowWindowAndRetransmission(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+func TestFlowWindowAndRetransmission(t *testing.T) {
+	h := newHarness(t, Segment{ws: -1, wnd: 65535})
 	h.established(4)
 	h.sock.queue = []byte("abcdefgh")
-	h.f.readable()
+	h.f.Readable()
 	if out := h.take(); len(out) != 1 || string(out[0].payload) != "abcd" {
 		t.Fatalf("in a window of 4: %+v", out)
 	}
@@ -358,20 +357,20 @@ func TestXLFlowWindowAndRetransmission(t *testing.T) {
 	if len(out) != 1 || string(out[0].payload) != "efgh" || out[0].seq != testISS+1+4 || string(h.sock.queue) != "efgh" {
 		t.Fatalf("after the ACK: %+v, queue %q", out, h.sock.queue)
 	}
-	h.now = h.now.Add(xlRTO)
-	if !h.f.onRTO() {
+	h.now = h.now.Add(rtoMin)
+	if !h.f.OnRTO() {
 		t.Fatal("the flow ended at the first timeout")
 	}
 	if out := h.take(); len(out) != 1 || string(out[0].payload) != "efgh" || out[0].seq != testISS+1+4 {
 		t.Fatalf("after a timeout: %+v", out)
 	}
-	if h.f.rtoDelay() != 2*xlRTO {
+	if h.f.rtoDelay() != 2*rtoMin {
 		t.Errorf("backed off to %v", h.f.rtoDelay())
 	}
 
 	h.segment(0, testISS+1+8, 2, "") // all acknowledged; the window shrinks to 2
 	h.sock.queue = append(h.sock.queue, "ijkl"...)
-	h.f.readable()
+	h.f.Readable()
 	if out := h.take(); len(out) != 1 || string(out[0].payload) != "ij" {
 		t.Fatalf("in a window of 2: %+v", out)
 	}
@@ -397,7 +396,7 @@ func TestXLFlowWindowAndRetransmission(t *testing.T) {
 
 	for i := 0; ; i++ {
 		h.now = h.now.Add(h.f.rtoDelay())
-		if !h.f.onRTO() {
+		if !h.f.OnRTO() {
 			break
 		}
 		if i > 100 {
@@ -410,10 +409,10 @@ func TestXLFlowWindowAndRetransmission(t *testing.T) {
 	}
 }
 
-// TestXLFlowEnd: the client's FIN half-closes the socket; the socket's EOF
+// TestFlowEnd: the client's FIN half-closes the socket; the socket's EOF
 // becomes our FIN after the bytes before it; its ACK ends the flow.
-func TestXLFlowEnd(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+func TestFlowEnd(t *testing.T) {
+	h := newHarness(t, Segment{ws: -1, wnd: 65535})
 	h.established(65535)
 	h.segment(tcpFIN, testISS+1, 65535, "bye")
 	out := h.take()
@@ -421,7 +420,7 @@ func TestXLFlowEnd(t *testing.T) {
 		t.Fatalf("client's FIN: shutdown %v, socket %q, sent %+v, its ACK held %v", h.sock.shutdown, h.sock.written, out, h.f.ackHeld)
 	}
 	h.sock.queue, h.sock.eof = []byte("ok"), true
-	h.f.readable()
+	h.f.Readable()
 	out = h.take()
 	if len(out) != 2 || string(out[0].payload) != "ok" || out[0].ack != testIRS+1+3+1 || out[1].flags&tcpFIN == 0 || out[1].seq != testISS+1+2 {
 		t.Fatalf("EOF: %+v", out)
@@ -435,10 +434,10 @@ func TestXLFlowEnd(t *testing.T) {
 
 	// The endpoint ends first: the client's FIN after ours is
 	// acknowledged at once, and ends the flow.
-	h = newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+	h = newHarness(t, Segment{ws: -1, wnd: 65535})
 	h.established(65535)
 	h.sock.eof = true
-	h.f.readable()
+	h.f.Readable()
 	if out := h.take(); len(out) != 1 || out[0].flags&tcpFIN == 0 {
 		t.Fatalf("the endpoint's EOF: %+v", out)
 	}
@@ -450,10 +449,10 @@ func TestXLFlowEnd(t *testing.T) {
 	}
 }
 
-// TestXLFlowReset: a RST at the next sequence number ends the flow; one
+// TestFlowReset: a RST at the next sequence number ends the flow; one
 // elsewhere draws a challenge ACK (RFC 5961 3.2).
-func TestXLFlowReset(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+func TestFlowReset(t *testing.T) {
+	h := newHarness(t, Segment{ws: -1, wnd: 65535})
 	h.established(65535)
 	h.seq += 100
 	if !h.segment(tcpRST, 0, 0, "") {
@@ -468,57 +467,57 @@ func TestXLFlowReset(t *testing.T) {
 	}
 }
 
-// TestXLFlowShortWindowUpdate: a window cut short by the socket's free
+// TestFlowShortWindowUpdate: a window cut short by the socket's free
 // space is offered again, larger, once the socket drains, without a
 // segment of the client's to answer: the client may be waiting for it.
-func TestXLFlowShortWindowUpdate(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: 7, wnd: 512})
+func TestFlowShortWindowUpdate(t *testing.T) {
+	h := newHarness(t, Segment{ws: 7, wnd: 512})
 	h.established(512)
 	h.sock.room = 100 << 10
 	h.segment(0, testISS+1, 512, string(make([]byte, 1000)))
-	h.f.flushAck() // the held ACK
+	h.f.FlushAck() // the held ACK
 	out := h.take()
 	if len(out) != 1 || int(out[0].wnd)<<7 > 100<<10 || !h.f.wndShort {
 		t.Fatalf("ACK %+v, window short %v", out, h.f.wndShort)
 	}
-	h.f.flushAck() // the socket has not drained
+	h.f.FlushAck() // the socket has not drained
 	if out := h.take(); len(out) != 0 {
 		t.Fatalf("an update with nothing freed: %+v", out)
 	}
 	h.sock.room = -1 // drained
-	h.f.flushAck()
+	h.f.FlushAck()
 	out = h.take()
 	if len(out) != 1 || int(out[0].wnd)<<7 != 1<<20 || h.f.wndShort {
 		t.Fatalf("update %+v, window short %v", out, h.f.wndShort)
 	}
 }
 
-// TestXLFlowPartialSegments: over a link that offloads, the endpoint's
+// TestFlowPartialSegments: over a link that offloads, the endpoint's
 // bytes go out in one segment past the MSS, cut at the MSS by the kernel,
 // with the checksum left partial (the pseudo-header's sum); pure ACKs are
 // finished.
-func TestXLFlowPartialSegments(t *testing.T) {
-	h := newXLHarness(t, clientSeg{mss: 1460, ws: 7, wnd: 512})
+func TestFlowPartialSegments(t *testing.T) {
+	h := newHarness(t, Segment{mss: 1460, ws: 7, wnd: 512})
 	type partial struct{ hdrLen, mss, size int }
 	var got []partial
 	h.f.gso = true
 	h.f.emitPartial = func(p []byte, hdrLen, mss int) {
 		got = append(got, partial{hdrLen, mss, len(p)})
-		s, ok := parseClientSeg(p)
+		s, ok := parseIP(p)
 		if !ok {
 			t.Fatalf("not a segment: %x", p)
 		}
-		tcp := header.TCP(p[20:])
-		want := header.PseudoHeaderChecksum(header.TCPProtocolNumber, h.f.w.src, h.f.w.dst, uint16(len(tcp)))
-		if tcp.Checksum() != want {
-			t.Errorf("checksum %#x, want the pseudo-header's %#x", tcp.Checksum(), want)
+		tcp := p[20:]
+		pseudo := append([]byte{10, 96, 0, 10, 10, 0, 0, 7, 0, 6}, byte(len(tcp)>>8), byte(len(tcp)))
+		if got, want := binary.BigEndian.Uint16(tcp[16:]), naiveChecksum(pseudo); got != want {
+			t.Errorf("checksum %#x, want the pseudo-header's %#x", got, want)
 		}
 		s.payload = append([]byte(nil), s.payload...)
 		h.out = append(h.out, s)
 	}
 	h.established(512)
 	h.sock.queue = bytes.Repeat([]byte("x"), 5000)
-	h.f.readable()
+	h.f.Readable()
 	out := h.take()
 	if len(out) != 1 || len(out[0].payload) != 5000 || len(got) != 1 || got[0] != (partial{40, 1460, 5040}) {
 		t.Fatalf("sent %d segments (%+v), partial writes %+v", len(out), out, got)
@@ -529,21 +528,21 @@ func TestXLFlowPartialSegments(t *testing.T) {
 	}
 }
 
-// TestXLFlowHandshakeDeadline: a client that does not complete its
+// TestFlowHandshakeDeadline: a client that does not complete its
 // handshake is reset at its deadline, the SYN-ACK's timer cut to it.
-func TestXLFlowHandshakeDeadline(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+func TestFlowHandshakeDeadline(t *testing.T) {
+	h := newHarness(t, Segment{ws: -1, wnd: 65535})
 	h.f.hsDeadline = h.now.Add(300 * time.Millisecond)
 	h.take()
-	h.now = h.now.Add(xlRTO)
-	if !h.f.onRTO() || len(h.take()) != 1 {
+	h.now = h.now.Add(rtoMin)
+	if !h.f.OnRTO() || len(h.take()) != 1 {
 		t.Fatalf("the SYN-ACK is not sent again")
 	}
 	if d := h.f.rtoDelay(); d != 100*time.Millisecond {
 		t.Fatalf("the timer is armed for %v, want the 100ms left", d)
 	}
 	h.now = h.now.Add(100 * time.Millisecond)
-	if h.f.onRTO() {
+	if h.f.OnRTO() {
 		t.Fatalf("the flow lives on past its handshake's deadline")
 	}
 	if out := h.take(); len(out) != 1 || out[0].flags&tcpRST == 0 || !h.sock.aborted {
@@ -551,35 +550,35 @@ func TestXLFlowHandshakeDeadline(t *testing.T) {
 	}
 }
 
-// TestXLFlowUnscaledWindow: a client that takes no window scale is offered
+// TestFlowUnscaledWindow: a client that takes no window scale is offered
 // 64 KiB at most, and that full offer is not "short": no timer polls the
 // socket for a larger one it could not say.
-func TestXLFlowUnscaledWindow(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+func TestFlowUnscaledWindow(t *testing.T) {
+	h := newHarness(t, Segment{ws: -1, wnd: 65535})
 	h.established(65535)
 	h.segment(0, testISS+1, 65535, "ping")
-	h.f.flushAck()
+	h.f.FlushAck()
 	out := h.take()
 	if len(out) != 1 || out[0].wnd != 0xffff-4 || h.f.wndShort {
 		t.Fatalf("ACK %+v, window short %v", out, h.f.wndShort)
 	}
 }
 
-// TestXLFlowAckPastRewind: an acknowledgment of bytes sent before a rewind,
+// TestFlowAckPastRewind: an acknowledgment of bytes sent before a rewind,
 // past the rewind's sends, is taken (RFC 9293: up to the highest sent), and
 // a client that answers every window probe is probed on, not reset.
-func TestXLFlowAckPastRewind(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: -1, wnd: 10})
+func TestFlowAckPastRewind(t *testing.T) {
+	h := newHarness(t, Segment{ws: -1, wnd: 10})
 	h.established(10)
 	h.sock.queue = []byte("0123456789abcdefghijklmnopqrst")
-	h.f.readable()
+	h.f.Readable()
 	h.segment(0, testISS+1+10, 20, "") // 10 taken, room for 20 more
 	if h.f.sndNxt != testISS+1+30 {
 		t.Fatalf("sent up to %d", h.f.sndNxt-testISS-1)
 	}
 	h.segment(0, testISS+1+10, 5, "") // the window shrinks
-	h.now = h.now.Add(xlRTO)
-	h.f.onRTO() // rewinds, and sends again what 5 bytes of window take
+	h.now = h.now.Add(rtoMin)
+	h.f.OnRTO() // rewinds, and sends again what 5 bytes of window take
 	if h.f.sndNxt != testISS+1+15 || h.f.sndMax != testISS+1+30 {
 		t.Fatalf("after the rewind: sndNxt %d, sndMax %d", h.f.sndNxt-testISS-1, h.f.sndMax-testISS-1)
 	}
@@ -589,35 +588,35 @@ func TestXLFlowAckPastRewind(t *testing.T) {
 		t.Fatalf("the ACK past the rewind: sndUna %d, sndNxt %d, queue %q", h.f.sndUna-testISS-1, h.f.sndNxt-testISS-1, h.sock.queue)
 	}
 	h.sock.queue = []byte("more")
-	h.f.readable() // the window is 0: a probe is due
-	for range 3 * xlMaxProbes {
+	h.f.Readable() // the window is 0: a probe is due
+	for range 3 * maxProbes {
 		h.now = h.now.Add(h.f.rtoDelay())
-		if !h.f.onRTO() {
+		if !h.f.OnRTO() {
 			t.Fatal("the flow was reset while the client answered its probes")
 		}
 		h.segment(0, testISS+1+30, 0, "") // the probe's answer: still 0
 	}
 }
 
-// TestXLFlowTinyMSS: a SYN announcing a tiny MSS, or none, with and without
+// TestFlowTinyMSS: a SYN announcing a tiny MSS, or none, with and without
 // timestamps, over a link with and without offloads, gets a working flow:
 // the MSS is floored at Linux's tcp_min_snd_mss (48, CVE-2019-11479), an
 // absent one is RFC 9293's 536, and every segment carries payload within
 // it. MSS 12 with timestamps once divided by zero on the TUN's reader.
-func TestXLFlowTinyMSS(t *testing.T) {
+func TestFlowTinyMSS(t *testing.T) {
 	const answer = 3000
 	for _, mss := range []uint16{0, 1, 12, 40, 48, 88, 1460} {
 		for _, ts := range []bool{false, true} {
 			for _, gso := range []bool{false, true} {
 				t.Run(fmt.Sprintf("mss %d ts %v gso %v", mss, ts, gso), func(t *testing.T) {
-					h := newXLHarnessLink(t, clientSeg{mss: mss, ws: 7, ts: ts, tsVal: 42, wnd: 64240}, 1460, gso)
+					h := newHarnessLink(t, Segment{mss: mss, ws: 7, ts: ts, tsVal: 42, wnd: 64240}, 1460, gso)
 					if synAck := h.out[0]; synAck.mss != 1460 {
 						t.Fatalf("SYN-ACK MSS %d; want the link's 1460", synAck.mss)
 					}
 					h.established(0xffff)
-					want := max(int(mss), xlMinMSS)
+					want := max(int(mss), minMSS)
 					if mss == 0 {
-						want = xlDefaultMSS4
+						want = defaultMSS4
 					}
 					if ts {
 						want -= 12
@@ -627,7 +626,7 @@ func TestXLFlowTinyMSS(t *testing.T) {
 					var got []byte
 					fin := false
 					for round := 0; round < 1000 && !fin; round++ {
-						h.f.readable()
+						h.f.Readable()
 						out := h.take()
 						if len(out) == 0 {
 							t.Fatalf("round %d: nothing sent; %d bytes received, FIN %v", round, len(got), fin)

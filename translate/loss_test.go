@@ -1,4 +1,4 @@
-package netstack
+package translate
 
 import (
 	"bytes"
@@ -8,17 +8,17 @@ import (
 
 // sackAck sends the client's pure ACK of ack with window wnd and SACK
 // blocks, given as offsets past the ISS+1.
-func (h *xlHarness) sackAck(ack uint32, wnd uint16, blocks ...[2]uint32) bool {
-	s := clientSeg{seq: h.seq, ack: testISS + 1 + ack, flags: tcpACK, wnd: wnd, ws: -1}
+func (h *harness) sackAck(ack uint32, wnd uint16, blocks ...[2]uint32) bool {
+	s := Segment{seq: h.seq, ack: testISS + 1 + ack, flags: tcpACK, wnd: wnd, ws: -1}
 	for _, b := range blocks {
 		s.sack[s.nSack] = seqRange{testISS + 1 + b[0], testISS + 1 + b[1]}
 		s.nSack++
 	}
-	return h.f.input(s)
+	return h.f.Input(s)
 }
 
 // payloads returns the offsets and lengths of the segments' payloads.
-func payloads(out []clientSeg) [][2]uint32 {
+func payloads(out []Segment) [][2]uint32 {
 	var r [][2]uint32
 	for _, s := range out {
 		if len(s.payload) > 0 {
@@ -28,12 +28,12 @@ func payloads(out []clientSeg) [][2]uint32 {
 	return r
 }
 
-// TestXLFlowSACKReceive: SACK is offered when the client offers it; a
+// TestFlowSACKReceive: SACK is offered when the client offers it; a
 // segment past a gap is answered at once with SACK blocks naming what is
 // kept, the block of the segment kept last first (RFC 2018 4); the gap's
 // filling acknowledges all of it, with no block left.
-func TestXLFlowSACKReceive(t *testing.T) {
-	h := newXLHarness(t, clientSeg{mss: 1460, ws: 7, ts: true, tsVal: 1, sackOK: true, wnd: 512})
+func TestFlowSACKReceive(t *testing.T) {
+	h := newHarness(t, Segment{mss: 1460, ws: 7, ts: true, tsVal: 1, sackOK: true, wnd: 512})
 	if !h.out[0].sackOK {
 		t.Fatalf("SYN-ACK without SACK-permitted: %+v", h.out[0])
 	}
@@ -59,14 +59,14 @@ func TestXLFlowSACKReceive(t *testing.T) {
 	}
 }
 
-// TestXLFlowSACKSend: the client's SACK blocks past a hole declare a loss
+// TestFlowSACKSend: the client's SACK blocks past a hole declare a loss
 // once three segments' worth is SACKed (RFC 6675 4), and the rewind sends
 // the hole, not what the client holds.
-func TestXLFlowSACKSend(t *testing.T) {
-	h := newXLHarnessLink(t, clientSeg{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
+func TestFlowSACKSend(t *testing.T) {
+	h := newHarnessLink(t, Segment{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
 	h.established(65535)
 	h.sock.queue = bytes.Repeat([]byte("abcdefghij"), 100) // 1000 bytes, 10 segments: the initial window
-	h.f.readable()
+	h.f.Readable()
 	if got := payloads(h.take()); len(got) != 10 {
 		t.Fatalf("first flight: %v", got)
 	}
@@ -94,14 +94,14 @@ func TestXLFlowSACKSend(t *testing.T) {
 	}
 }
 
-// TestXLFlowCongestionWindow: the first flight is the initial window (10
+// TestFlowCongestionWindow: the first flight is the initial window (10
 // segments, RFC 6928), slow start grows it by what is acknowledged, a
 // timeout cuts it to one segment (RFC 5681 3.1).
-func TestXLFlowCongestionWindow(t *testing.T) {
-	h := newXLHarnessLink(t, clientSeg{mss: 100, ws: 0, wnd: 65535}, 1460, false)
+func TestFlowCongestionWindow(t *testing.T) {
+	h := newHarnessLink(t, Segment{mss: 100, ws: 0, wnd: 65535}, 1460, false)
 	h.established(65535)
 	h.sock.queue = bytes.Repeat([]byte("x"), 10000)
-	h.f.readable()
+	h.f.Readable()
 	if got := payloads(h.take()); len(got) != 10 {
 		t.Fatalf("first flight: %d segments; want 10", len(got))
 	}
@@ -110,7 +110,7 @@ func TestXLFlowCongestionWindow(t *testing.T) {
 		t.Fatalf("after the first window's ACK: %d segments; want 20", len(got))
 	}
 	h.now = h.now.Add(time.Second)
-	h.f.onRTO()
+	h.f.OnRTO()
 	if got := payloads(h.take()); len(got) != 1 || got[0] != [2]uint32{1000, 100} {
 		t.Fatalf("after a timeout: %v; want one segment at 1000", got)
 	}
@@ -119,83 +119,83 @@ func TestXLFlowCongestionWindow(t *testing.T) {
 	}
 }
 
-// TestXLFlowRTO: the timeout follows the round trips measured (RFC 6298),
+// TestFlowRTO: the timeout follows the round trips measured (RFC 6298),
 // by timestamps or by a timed segment, with a 200 ms floor; a flow whose
 // client stops answering is reset after tcp_retries2's time, not before.
-func TestXLFlowRTO(t *testing.T) {
+func TestFlowRTO(t *testing.T) {
 	for _, ts := range []bool{true, false} {
-		h := newXLHarness(t, clientSeg{mss: 1460, ws: 7, ts: ts, tsVal: 1, wnd: 65535})
-		if d := h.f.rtoDelay(); d != xlRTOInit {
-			t.Fatalf("timestamps %v: the SYN-ACK's timeout %v; want %v", ts, d, xlRTOInit)
+		h := newHarness(t, Segment{mss: 1460, ws: 7, ts: ts, tsVal: 1, wnd: 65535})
+		if d := h.f.rtoDelay(); d != RTOInit {
+			t.Fatalf("timestamps %v: the SYN-ACK's timeout %v; want %v", ts, d, RTOInit)
 		}
 		h.take()
 		h.now = h.now.Add(400 * time.Millisecond)
-		h.f.input(clientSeg{seq: h.seq, ack: testISS + 1, flags: tcpACK, wnd: 65535, ts: ts, tsVal: 2, tsEcr: 7000, ws: -1})
+		h.f.Input(Segment{seq: h.seq, ack: testISS + 1, flags: tcpACK, wnd: 65535, ts: ts, tsVal: 2, tsEcr: 7000, ws: -1})
 		// One sample of 400 ms: SRTT 400, RTTVAR 200: 1.2 s.
 		if d := h.f.rtoDelay(); d != 1200*time.Millisecond {
 			t.Fatalf("timestamps %v: after a 400 ms handshake the timeout is %v; want 1.2 s", ts, d)
 		}
 		for i := range 40 {
 			h.sock.queue = append(h.sock.queue, 'x')
-			h.f.readable()
+			h.f.Readable()
 			h.take()
 			h.now = h.now.Add(time.Millisecond)
 			tsEcr := h.f.tsNow() - 1
 			off := uint32(i + 1)
-			h.f.input(clientSeg{seq: h.seq, ack: testISS + 1 + off, flags: tcpACK, wnd: 65535, ts: ts, tsVal: 3, tsEcr: tsEcr, ws: -1})
+			h.f.Input(Segment{seq: h.seq, ack: testISS + 1 + off, flags: tcpACK, wnd: 65535, ts: ts, tsVal: 3, tsEcr: tsEcr, ws: -1})
 		}
-		if d := h.f.rtoDelay(); d != xlRTO {
-			t.Fatalf("timestamps %v: after 1 ms round trips the timeout is %v; want the %v floor", ts, d, xlRTO)
+		if d := h.f.rtoDelay(); d != rtoMin {
+			t.Fatalf("timestamps %v: after 1 ms round trips the timeout is %v; want the %v floor", ts, d, rtoMin)
 		}
 	}
 
-	h := newXLHarness(t, clientSeg{mss: 1460, ws: 7, wnd: 65535})
+	h := newHarness(t, Segment{mss: 1460, ws: 7, wnd: 65535})
 	h.established(65535)
 	h.sock.queue = []byte("lost")
-	h.f.readable()
+	h.f.Readable()
 	start := h.now
 	for i := 0; ; i++ {
 		h.now = h.now.Add(h.f.rtoDelay())
-		if !h.f.onRTO() {
+		if !h.f.OnRTO() {
 			break
 		}
-		if h.f.rtoDelay() > xlRTOMax {
+		if h.f.rtoDelay() > rtoMax {
 			t.Fatalf("backed off to %v", h.f.rtoDelay())
 		}
 		if i > 100 {
 			t.Fatal("the timeouts never end the flow")
 		}
 	}
-	if gave := h.now.Sub(start); gave < xlGiveUp || gave > xlGiveUp+xlRTOMax+xlRTO {
-		t.Fatalf("gave up after %v; want about %v (tcp_retries2)", gave, xlGiveUp)
+	if gave := h.now.Sub(start); gave < giveUp || gave > giveUp+rtoMax+rtoMin {
+		t.Fatalf("gave up after %v; want about %v (tcp_retries2)", gave, giveUp)
 	}
 }
 
-// TestXLFlowPersist: with the client's window shut and bytes waiting, a
+// TestFlowPersist: with the client's window shut and bytes waiting, a
 // probe goes out at each timeout, backed off; nothing waiting, no probe and
 // no timer; a client that answers its probes is probed on, one that stops
-// is reset after xlMaxProbes.
-func TestXLFlowPersist(t *testing.T) {
-	h := newXLHarness(t, clientSeg{mss: 1460, ws: -1, wnd: 0})
+// is reset after maxProbes.
+func TestFlowPersist(t *testing.T) {
+	h := newHarness(t, Segment{mss: 1460, ws: -1, wnd: 0})
 	h.established(0)
-	h.f.readable()
+	h.f.Readable()
 	if h.f.rtoArmed {
 		t.Fatal("a timer armed with nothing to send")
 	}
 	h.sock.queue = []byte("waiting")
-	h.f.readable()
+	h.f.Readable()
 	if !h.f.rtoArmed || len(h.take()) != 0 {
 		t.Fatal("no persist timer with bytes waiting")
 	}
 	prev := time.Duration(0)
 	for i := range 8 {
 		d := h.f.rtoDelay()
-		if d <= prev && d != xlRTOMax {
+		if d <= prev && d != rtoMax {
 			t.Fatalf("probe %d: the timer %v after %v: not backed off", i, d, prev)
 		}
 		prev = d
 		h.now = h.now.Add(d)
-		if !h.f.onRTO() {
+		if !h.f.OnRTO() {
 			t.Fatal("the flow ended")
 		}
 		if out := h.take(); len(out) != 1 || out[0].seq != testISS || len(out[0].payload) != 0 {
@@ -205,28 +205,28 @@ func TestXLFlowPersist(t *testing.T) {
 	}
 	for i := 0; ; i++ {
 		h.now = h.now.Add(h.f.rtoDelay())
-		if !h.f.onRTO() {
+		if !h.f.OnRTO() {
 			break
 		}
-		if i > xlMaxProbes {
+		if i > maxProbes {
 			t.Fatalf("%d probes unanswered and the flow goes on", i)
 		}
 	}
 }
 
-// TestXLFlowAckChecks: an ACK of what was never sent draws an ACK and
+// TestFlowAckChecks: an ACK of what was never sent draws an ACK and
 // changes nothing, its window neither (RFC 9293 3.10.7.4); an ACK older
 // than the largest window draws a challenge ACK (RFC 5961 5.2); a segment
 // whose timestamp is older than the last one taken is dropped (PAWS, RFC
 // 7323 5); a pure ACK ahead of rcvNxt draws nothing.
-func TestXLFlowAckChecks(t *testing.T) {
-	h := newXLHarness(t, clientSeg{mss: 1460, ws: -1, ts: true, tsVal: 100, wnd: 1000})
+func TestFlowAckChecks(t *testing.T) {
+	h := newHarness(t, Segment{mss: 1460, ws: -1, ts: true, tsVal: 100, wnd: 1000})
 	h.established(1000)
 	h.sock.queue = []byte("0123456789")
-	h.f.readable()
+	h.f.Readable()
 	h.take()
 	seg := func(ack uint32, wnd uint16, tsVal uint32, payload string) {
-		h.f.input(clientSeg{seq: h.seq, ack: ack, flags: tcpACK, wnd: wnd, ts: true, tsVal: tsVal, ws: -1, payload: []byte(payload)})
+		h.f.Input(Segment{seq: h.seq, ack: ack, flags: tcpACK, wnd: wnd, ts: true, tsVal: tsVal, ws: -1, payload: []byte(payload)})
 	}
 	seg(testISS+1+5000, 0, 101, "")
 	if out := h.take(); len(out) != 1 || h.f.sndUna != testISS+1 || h.f.sndWnd != 1000 {
@@ -248,17 +248,17 @@ func TestXLFlowAckChecks(t *testing.T) {
 	}
 }
 
-// TestXLFlowResetAtSndMax: the RST that ends a flow after a rewind carries
+// TestFlowResetAtSndMax: the RST that ends a flow after a rewind carries
 // the highest sequence number sent, where the client's next expected
 // number is, not the rewound sndNxt.
-func TestXLFlowResetAtSndMax(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: -1, wnd: 4})
+func TestFlowResetAtSndMax(t *testing.T) {
+	h := newHarness(t, Segment{ws: -1, wnd: 4})
 	h.established(4)
 	h.sock.queue = []byte("abcdefgh")
-	h.f.readable()
+	h.f.Readable()
 	h.segment(0, testISS+1, 0, "") // the window shuts: nothing more
 	h.now = h.now.Add(time.Second)
-	h.f.onRTO() // rewinds to sndUna; the window takes nothing
+	h.f.OnRTO() // rewinds to sndUna; the window takes nothing
 	h.take()
 	h.f.mu.Lock()
 	h.f.close(true)
@@ -268,15 +268,15 @@ func TestXLFlowResetAtSndMax(t *testing.T) {
 	}
 }
 
-// TestXLFlowFINRetransmitted: after an orderly end, the client's FIN sent
+// TestFlowFINRetransmitted: after an orderly end, the client's FIN sent
 // again (our ACK of it was lost) is acknowledged again, as TIME-WAIT does.
-func TestXLFlowFINRetransmitted(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: -1, wnd: 65535})
+func TestFlowFINRetransmitted(t *testing.T) {
+	h := newHarness(t, Segment{ws: -1, wnd: 65535})
 	h.established(65535)
 	h.sock.eof = true
-	h.f.readable() // our FIN first
+	h.f.Readable() // our FIN first
 	h.segment(tcpFIN, testISS+2, 65535, "")
-	if h.f.state != xlClosed {
+	if h.f.state != stateClosed {
 		t.Fatalf("state %d after both FINs", h.f.state)
 	}
 	h.take()
@@ -287,28 +287,28 @@ func TestXLFlowFINRetransmitted(t *testing.T) {
 	}
 }
 
-// TestXLFlowShortWindowBackoff: while a stalled endpoint keeps the window
+// TestFlowShortWindowBackoff: while a stalled endpoint keeps the window
 // short, the looks at it back off from 1 ms to the RTO's floor.
-func TestXLFlowShortWindowBackoff(t *testing.T) {
-	h := newXLHarness(t, clientSeg{ws: 7, wnd: 512})
+func TestFlowShortWindowBackoff(t *testing.T) {
+	h := newHarness(t, Segment{ws: 7, wnd: 512})
 	h.established(512)
 	h.sock.room = 100 << 10
 	h.segment(0, testISS+1, 512, string(make([]byte, 1000)))
-	h.f.flushAck()
+	h.f.FlushAck()
 	if !h.f.wndShort {
 		t.Fatal("the window is not short")
 	}
 	var total time.Duration
 	for range 20 {
 		total += h.f.ackDelay()
-		h.f.flushAck()
+		h.f.FlushAck()
 	}
-	if d := h.f.ackDelay(); d != xlRTO || total < 2*time.Second {
-		t.Fatalf("after 20 looks: the next in %v, %v in all; want %v, backed off", d, total, xlRTO)
+	if d := h.f.ackDelay(); d != rtoMin || total < 2*time.Second {
+		t.Fatalf("after 20 looks: the next in %v, %v in all; want %v, backed off", d, total, rtoMin)
 	}
 	h.seq = testIRS + 1 + 1000
 	h.segment(0, testISS+1, 512, "x") // the client's segment: looks from the start again
-	if d := h.f.ackDelay(); d > xlAckDelay {
+	if d := h.f.ackDelay(); d > AckDelay {
 		t.Fatalf("after a segment: %v", d)
 	}
 }

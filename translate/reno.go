@@ -1,4 +1,4 @@
-package netstack
+package translate
 
 // A translated flow's congestion control and round-trip time: how much it
 // may have in flight toward the client, and how long it waits before it
@@ -97,20 +97,20 @@ func (c *reno) timedOut(flight int) {
 // 1 s floor is what Linux does not follow either) and at most 120 s
 // (TCP_RTO_MAX), doubled per timeout up to that.
 const (
-	xlRTOInit = time.Second
-	xlRTO     = 200 * time.Millisecond // the floor
-	xlRTOMax  = 120 * time.Second
-	// xlGiveUp is how long a flow's retransmissions go unanswered before
+	RTOInit = time.Second
+	rtoMin  = 200 * time.Millisecond // the floor
+	rtoMax  = 120 * time.Second
+	// giveUp is how long a flow's retransmissions go unanswered before
 	// it is reset: what Linux's tcp_retries2 (15) comes to with a 200 ms
 	// RTO (retransmits_timed_out: 1023 x 200 ms doubling, then 6 x 120 s).
-	xlGiveUp = 924600 * time.Millisecond
-	// xlMaxProbes is how many window probes in a row may go unanswered
+	giveUp = 924600 * time.Millisecond
+	// maxProbes is how many window probes in a row may go unanswered
 	// (tcp_probe_timer: tcp_retries2); a client that answers them is
 	// probed for as long as its window stays shut, as Linux probes.
-	xlMaxProbes = 15
-	// xlSynAckRetries is how often a SYN-ACK is sent again
+	maxProbes = 15
+	// synAckRetries is how often a SYN-ACK is sent again
 	// (tcp_synack_retries) when no handshake deadline comes first.
-	xlSynAckRetries = 5
+	synAckRetries = 5
 )
 
 // rttEstimator is RFC 6298 2's smoothed round-trip time and its variance.
@@ -139,8 +139,8 @@ func (e *rttEstimator) sample(r time.Duration) {
 // rto is the retransmission timeout before any backoff.
 func (e *rttEstimator) rto() time.Duration {
 	if !e.measured {
-		return xlRTOInit
+		return RTOInit
 	}
 	// RFC 6298 2.3: SRTT + max(G, 4 RTTVAR), with a clock of 1 ms.
-	return min(max(e.srtt+max(time.Millisecond, 4*e.rttvar), xlRTO), xlRTOMax)
+	return min(max(e.srtt+max(time.Millisecond, 4*e.rttvar), rtoMin), rtoMax)
 }

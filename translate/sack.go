@@ -1,11 +1,11 @@
-package netstack
+package translate
 
 // Selective acknowledgments both ways (RFC 2018), when the client offered
 // SACK in its SYN:
 //
 //  1. Receive: the client's segments past a gap are kept, a copy each,
-//     bounded per flow (xlKeptSegs, xlKeptBytes) and over all flows
-//     (xlKeptTotal), so that a reordering or a loss on the way in (a veth,
+//     bounded per flow (keptSegs, keptBytes) and over all flows
+//     (KeptTotal), so that a reordering or a loss on the way in (a veth,
 //     the TUN's queue) costs the client no more than the missing segments:
 //     our ACKs name what is kept in SACK blocks, and the client resends
 //     only the holes. The kept segments are written once the gap fills.
@@ -20,9 +20,9 @@ import "sync/atomic"
 // flow of a stack in bytes (a budget the flows share; 10,000 flows with
 // their windows full of reordered data would otherwise keep gigabytes).
 const (
-	xlKeptSegs  = 1024
-	xlKeptBytes = 4 << 20
-	xlKeptTotal = 64 << 20
+	keptSegs  = 1024
+	keptBytes = 4 << 20
+	KeptTotal = 64 << 20
 )
 
 type keptSeg struct {
@@ -44,7 +44,7 @@ type keptQueue struct {
 // right edge of the window offered.
 func (q *keptQueue) keep(seq uint32, payload []byte, edge uint32) {
 	end := seq + uint32(len(payload))
-	if len(payload) == 0 || len(q.segs) == xlKeptSegs || q.bytes+len(payload) > xlKeptBytes || int32(end-edge) > 0 {
+	if len(payload) == 0 || len(q.segs) == keptSegs || q.bytes+len(payload) > keptBytes || int32(end-edge) > 0 {
 		return
 	}
 	i := 0
@@ -102,7 +102,7 @@ func (q *keptQueue) len() int { return len(q.segs) }
 // range holding the segment kept last first, then the others from the
 // highest down, up to n.
 func (q *keptQueue) blocks(b []seqRange, n int) []seqRange {
-	var ranges [xlSackMaxBlocks * 2]seqRange
+	var ranges [sackMaxBlocks * 2]seqRange
 	all := ranges[:0]
 	// Merged ranges from the top: the highest matter most to a sender
 	// that resends from the bottom.
@@ -136,18 +136,18 @@ func (q *keptQueue) blocks(b []seqRange, n int) []seqRange {
 	return b
 }
 
-// xlSackMaxBlocks is how many SACK blocks fit the options with timestamps
+// sackMaxBlocks is how many SACK blocks fit the options with timestamps
 // (RFC 2018 3: 3; 4 without).
-const xlSackMaxBlocks = 4
+const sackMaxBlocks = 4
 
 // scoreboard holds what the client SACKed past sndUna: disjoint ranges in
-// order, at most xlScoreRanges of them (the highest are let go first; a
+// order, at most scoreRanges of them (the highest are let go first; a
 // range forgotten is only sent again).
 type scoreboard struct {
 	r []seqRange
 }
 
-const xlScoreRanges = 32
+const scoreRanges = 32
 
 // add records a SACK block, within (una, max].
 func (sb *scoreboard) add(r seqRange, una, max uint32) {
@@ -169,8 +169,8 @@ func (sb *scoreboard) add(r seqRange, una, max uint32) {
 		j++
 	}
 	sb.r = append(sb.r[:i], append([]seqRange{r}, sb.r[j:]...)...)
-	if len(sb.r) > xlScoreRanges {
-		sb.r = sb.r[:xlScoreRanges]
+	if len(sb.r) > scoreRanges {
+		sb.r = sb.r[:scoreRanges]
 	}
 }
 

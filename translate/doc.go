@@ -1,0 +1,46 @@
+// Package translate is userproxy's TCP toward the client for translated
+// flows: a TCP whose sequence space follows the endpoint socket's queues
+// (passt's design, its tcp.c), so that a flow holds no byte buffers of its
+// own. The client's in-order bytes are written to the endpoint socket and
+// acknowledged as far as the socket took them; the endpoint's bytes are
+// sent from the socket's receive queue (MSG_PEEK from SO_PEEK_OFF) and
+// dropped from it (MSG_TRUNC) once the client acknowledges them.
+//
+// Who calls it: netstack's gate hands each admitted SYN and each later
+// segment of a translated flow to a Flow (New, Input), and the flow's
+// owner (netstack's TranslatedFlow, run by proxy) arms the timers the
+// flow asks for (State) and reports the socket's readiness (Readable,
+// Writable). The endpoint socket is the EndpointSocket interface; proxy
+// implements it over a host socket, the tests over memory.
+//
+// What it promises, every pod on a node being its peer:
+//   - No input ends the process or corrupts a byte: every option value and
+//     length is bounded (the send MSS at least 48 bytes, as Linux's
+//     tcp_min_snd_mss after CVE-2019-11479), the socket gets a prefix of the
+//     client's stream, the client gets only the endpoint's bytes at their
+//     sequence numbers, and what a flow keeps is bounded per flow and per
+//     stack (sack.go). FuzzFlow checks these.
+//   - The RFCs, section by section beside the code: RFC 9293 3.10.7.4
+//     (segment arrival), 3.8.6 (windows, silly window avoidance, zero-window
+//     probes); RFC 6298 (RTT estimation and the RTO, with Linux's 200 ms
+//     floor and 120 s cap); RFC 5681 and RFC 6582 (NewReno congestion
+//     control and recovery, from an initial window of 10, RFC 6928); RFC
+//     2018 and RFC 6675 (SACK both ways, loss declared by SACK); RFC 7323
+//     (window scaling, timestamps, PAWS); RFC 5961 (RST, SYN and ACK
+//     checks, challenge ACKs); RFC 1122 4.2.3.5 and Linux's tcp_retries2
+//     (a flow given up after 924.6 s of unanswered retransmissions).
+//
+// What it leaves out, and why:
+//   - Retransmission is a rewind to the acknowledged point that skips what
+//     the client SACKed, not a queue of segments: the bytes live in the
+//     socket, which can be read from any offset, so there is nothing to
+//     queue. A retransmission lost again waits for the RTO (no RACK-TLP).
+//   - SACK blocks ride on pure ACKs, not on data segments: data segments
+//     keep one header length, which host GSO needs.
+//   - No ECN, no TCP Fast Open, no urgent data (the endpoint socket takes it
+//     inline, RFC 6093 5), no window-update ACK clocking beyond RFC 9293's.
+//   - A FIN past a gap is not kept: the client sends it again.
+//
+// It imports nothing of userproxy's and no gVisor: it writes its own
+// IPv4/IPv6 and TCP headers (seg.go).
+package translate

@@ -1,0 +1,296 @@
+package translate
+
+// The sender: what the flow sends of the endpoint's bytes and when (RFC
+// 9293 3.8.6.2, 3.10.7.4), the acknowledgments it takes, and loss recovery
+// (RFC 5681 3.2, RFC 6582, RFC 6675); the window it sends into: reno.go.
+
+import (
+	"errors"
+	"sync"
+	"time"
+)
+
+// bufPool holds the buffers segments with payload are built in.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 1<<16); return &b }}
+
+// segmentMax is the most a segment of ours holds under host GSO: the
+// largest IPv4 packet, within the TUN's gso_max_size (tunGSOMaxSize).
+const segmentMax = 0xffff
+
+// hdrLen is the length of the headers of the flow's data segments: they
+// carry timestamps, if agreed, and no SACK blocks.
+func (f *Flow) hdrLen() int {
+	if f.ts {
+		return f.w.IPLen() + tcpHeaderMin + 12
+	}
+	return f.w.IPLen() + tcpHeaderMin
+}
+
+// send builds and emits one segment at sndNxt without payload.
+func (f *Flow) send(flags byte) {
+	var b [ipv6Header + tcpHeaderMin + tcpOptionMax]byte
+	f.sendAround(b[:], flags, 0)
+}
+
+// sendAround builds the headers of a segment at sndNxt in p, whose n bytes
+// of payload are in place after them (hdrLen), and emits it; it carries
+// the ACK of everything received so far. A segment without payload names
+// what is kept past a gap in SACK blocks.
+func (f *Flow) sendAround(p []byte, flags byte, n int) {
+	var o [tcpOptionMax]byte
+	opts := o[:0]
+	blocks := sackMaxBlocks
+	if f.ts {
+		opts = tsOption(opts, f.tsNow(), f.tsRecent)
+		blocks--
+	}
+	if n == 0 && f.sackOK && f.kept.len() > 0 {
+		var b [sackMaxBlocks]seqRange
+		opts = sackOption(opts, f.kept.blocks(b[:0], blocks))
+	}
+	if f.ackHeld {
+		f.countHeld(heldSuperseded) // this segment carries the held ACK
+	}
+	partial := f.gso && n > 0
+	total := f.w.buildAround(p, f.sndNxt, f.rcvNxt, flags|tcpACK, f.window(), opts, n, partial)
+	if partial {
+		f.emitPartial(p[:total], f.hdrLen(), f.sendMSS)
+	} else {
+		f.emit(p[:total])
+	}
+	f.ackHeld = false
+	f.unacked = 0
+}
+
+// build builds a segment in a pooled buffer and emits it.
+func (f *Flow) build(seq uint32, flags byte, wnd uint16, opts, payload []byte) {
+	bp := bufPool.Get().(*[]byte)
+	n := f.w.Build(*bp, seq, f.rcvNxt, flags, wnd, opts, payload)
+	f.emit((*bp)[:n])
+	bufPool.Put(bp)
+}
+
+// sendAck sends a pure ACK now.
+func (f *Flow) sendAck() { f.send(0) }
+
+// ackInput processes the client's acknowledgment, SACK blocks and window
+// (step 2). An acknowledgment up to sndMax counts, past a rewind's sndNxt
+// too: the client got those bytes before the rewind.
+func (f *Flow) ackInput(s Segment) {
+	wnd := uint32(s.wnd) << f.sndShift
+	d := int32(s.ack - f.sndUna)
+	switch {
+	case d > 0:
+		n := int(d)
+		if f.finSeen && s.ack == f.sndMax {
+			n-- // the FIN's own number
+		}
+		if n > 0 {
+			if err := f.sock.Discard(n); err != nil {
+				f.close(true)
+				return
+			}
+			f.count(1, n)
+		}
+		f.sampleRTT(s)
+		flight := int(f.sndMax - f.sndUna)
+		f.sndUna = s.ack
+		if int32(f.sndNxt-s.ack) < 0 {
+			// Past a rewind's sndNxt: the peek offset, moved back by the
+			// discard, stops at the queue's head, which is sndUna now.
+			f.sndNxt = s.ack
+			f.finSent = f.finSeen && s.ack == f.sndMax
+		}
+		f.score.ackedTo(s.ack)
+		f.progress = f.now()
+		f.dupAcks, f.backoff, f.probes = 0, 0, 0
+		f.retransAt = time.Time{}
+		switch {
+		case f.inRecovery && int32(s.ack-f.recover) >= 0:
+			f.inRecovery = false // RFC 6582 3.2 step 3: a full acknowledgment
+			f.cc.recovered()
+		case !f.inRecovery:
+			f.cc.acked(int(d), 2*flight >= f.cc.window())
+		}
+		f.rtoArmed = f.sndUna != f.sndMax
+		f.maybeDone()
+	case d == 0 && len(s.payload) == 0 && s.flags&tcpFIN == 0 && wnd == f.sndWnd && f.sndMax != f.sndUna:
+		f.dupAcks++ // RFC 5681 2's duplicate acknowledgment
+	case d == 0 && f.sndMax == f.sndUna:
+		f.probes = 0 // an answer to a window probe: the client is there (Linux's icsk_probes_out reset)
+	}
+	if d < 0 {
+		return // an old acknowledgment: its window is old too
+	}
+	if int32(s.seq-f.sndWl1) > 0 || (s.seq == f.sndWl1 && int32(s.ack-f.sndWl2) >= 0) {
+		f.sndWnd, f.sndWl1, f.sndWl2 = wnd, s.seq, s.ack // RFC 9293 3.10.7.4
+		f.maxSndWnd = max(f.maxSndWnd, wnd)
+	}
+	if f.state != stateEstablished {
+		return
+	}
+	if f.sackOK {
+		end := f.sndMax
+		if f.finSeen {
+			end-- // the FIN is no byte to skip
+		}
+		for _, r := range s.sack[:s.nSack] {
+			f.score.add(r, f.sndUna, end)
+		}
+	}
+	// A loss: three duplicate ACKs (RFC 5681 3.2), or three segments'
+	// worth SACKed past the first hole (RFC 6675 4, IsLost); not again
+	// before the last recovery's data is acknowledged (RFC 6582 3.2:
+	// strictly past it, or the duplicates a rewind sent would start the
+	// next one).
+	if !f.inRecovery && f.sndMax != f.sndUna && int32(f.sndUna-f.recover) > 0 &&
+		(f.dupAcks >= dupAckThresh || f.score.sacked(f.sndMax) >= dupAckThresh*f.sendMSS) {
+		f.cc.lost(f.pipe())
+		f.inRecovery = true
+		f.rewind()
+	}
+}
+
+// sampleRTT measures the round trip the acknowledgment s closes: by its
+// timestamp echo (RFC 7323 4.1), else by the segment being timed, if s
+// covers it and it was not sent twice (Karn's rule, RFC 6298 3).
+func (f *Flow) sampleRTT(s Segment) {
+	switch {
+	case f.ts && s.ts && s.tsEcr != 0:
+		if d := int32(f.tsNow() - s.tsEcr); d >= 0 {
+			f.rtt.sample(time.Duration(d) * time.Millisecond)
+		}
+	case f.timing && int32(s.ack-f.rttSeq) >= 0:
+		f.timing = false
+		f.rtt.sample(f.now().Sub(f.rttAt))
+	}
+}
+
+// pipe is RFC 6675 4's estimate of the bytes in flight: what was sent
+// since the last rewind and is neither acknowledged nor SACKed. What a
+// rewind goes back over counts as lost until it is sent again.
+func (f *Flow) pipe() int {
+	return int(f.sndNxt-f.sndUna) - f.score.sacked(f.sndNxt)
+}
+
+// noteSent moves sndMax up to sndNxt.
+func (f *Flow) noteSent() {
+	if int32(f.sndNxt-f.sndMax) > 0 {
+		f.sndMax = f.sndNxt
+	}
+	if f.finSent {
+		f.finSeen = true
+	}
+}
+
+// pump sends what the socket holds and the client's window and the
+// congestion window take, from sndNxt: after a rewind, what the client
+// has not SACKed.
+func (f *Flow) pump() {
+	var bp *[]byte
+	defer func() {
+		if bp != nil {
+			bufPool.Put(bp)
+		}
+	}()
+	for f.state == stateEstablished && !f.finSent {
+		limit := 0 // how far before the next SACKed range, 0: no limit
+		if int32(f.sndNxt-f.sndMax) < 0 {
+			from, l := f.score.skip(f.sndNxt)
+			if from != f.sndNxt {
+				f.sndNxt = from
+				if err := f.sock.SetPeekOffset(int(f.sndNxt - f.sndUna)); err != nil {
+					f.close(true)
+					return
+				}
+			}
+			limit = l
+		}
+		room := int(int32(f.sndUna + f.sndWnd - f.sndNxt))
+		if room <= 0 {
+			if f.sndWnd == 0 && f.sndUna == f.sndNxt && f.pending() {
+				f.rtoArmed = true // a persist probe (onRTO)
+			}
+			return
+		}
+		pipe := f.pipe()
+		cwnd := f.cc.window() - pipe
+		if cwnd < f.sendMSS {
+			if pipe > 0 {
+				return // the ACKs in flight open the congestion window
+			}
+			cwnd = f.sendMSS
+		}
+		if bp == nil {
+			bp = bufPool.Get().(*[]byte)
+		}
+		hl := f.hdrLen()
+		maxSeg := f.sendMSS
+		if f.gso {
+			maxSeg = max(f.sendMSS, (segmentMax-hl)/f.sendMSS*f.sendMSS) // full segments after the cut
+		}
+		n := min(room, cwnd, maxSeg, len(*bp)-hl)
+		if limit > 0 {
+			n = min(n, limit)
+		}
+		r, err := f.sock.Peek((*bp)[hl : hl+n]) // the payload's place in the segment
+
+		switch {
+		case errors.Is(err, ErrSocketEmpty):
+			return
+		case err != nil:
+			f.close(true)
+			return
+		case r == 0: // EOF, every byte before it sent
+			f.send(tcpFIN)
+			f.sndNxt++
+			f.finSent = true
+			f.noteSent()
+			f.rtoArmed = true
+			f.maybeDone()
+			return
+		}
+		if f.sndUna == f.sndNxt {
+			f.progress = f.now() // a new flight
+		}
+		if f.sndNxt == f.sndMax && !f.ts && !f.timing {
+			f.timing, f.rttSeq, f.rttAt = true, f.sndNxt+uint32(r), f.now()
+		}
+		f.sendAround(*bp, 0x08, r) // PSH
+		f.sndNxt += uint32(r)
+		f.noteSent()
+		f.rtoArmed = true
+		// A short peek does not end the loop: the endpoint's FIN may have
+		// come with the bytes, and no readiness would follow it.
+	}
+}
+
+// pending reports whether the socket holds bytes past sndNxt, or its EOF,
+// that wait for the client's window to open: a persist probe is due then,
+// and only then. The peek offset is put back.
+func (f *Flow) pending() bool {
+	var b [1]byte
+	n, err := f.sock.Peek(b[:])
+	if err != nil {
+		return false
+	}
+	if n > 0 {
+		_ = f.sock.SetPeekOffset(int(f.sndNxt - f.sndUna))
+	}
+	return true
+}
+
+// rewind goes back to the acknowledged point and sends again from there
+// what the client has not SACKed.
+func (f *Flow) rewind() {
+	if err := f.sock.SetPeekOffset(0); err != nil {
+		f.close(true)
+		return
+	}
+	f.sndNxt = f.sndUna
+	f.finSent = false
+	f.recover = f.sndMax
+	f.dupAcks = 0
+	f.timing = false // Karn's rule: nothing sent twice is timed
+	f.pump()
+}

@@ -1,0 +1,138 @@
+package translate
+
+// The flow's timers and its owner's reports: retransmission and persist
+// (RFC 6298 5, RFC 9293 3.8.6.1), the held ACK and the short window's
+// look; the socket becoming readable or writable again.
+
+import "time"
+
+// AckDelay is how long a flow holds the ACK of a client's data for the
+// endpoint's answer to carry it, as the gate holds gVisor's.
+const AckDelay = time.Millisecond
+
+// OnRTO is the owner's retransmission (or persist) timer firing.
+func (f *Flow) OnRTO() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.state == stateClosed || !f.rtoArmed {
+		return f.state != stateClosed
+	}
+	now := f.now()
+	if f.state == stateSynRcvd && !f.hsDeadline.IsZero() && !now.Before(f.hsDeadline) {
+		if f.hsAborted != nil {
+			f.hsAborted.Add(1)
+		}
+		f.close(true) // the client did not complete its handshake in time
+		return false
+	}
+	if f.state == stateEstablished && now.Sub(f.progress) < f.rtoDelay() {
+		return true // armed once per flight: the flight moved since; armed again
+	}
+	switch {
+	case f.state == stateSynRcvd:
+		if f.backoff++; f.backoff > synAckRetries && f.hsDeadline.IsZero() {
+			f.close(true)
+			return false
+		}
+		f.timing = false
+		f.sendSynAck()
+	case f.sndUna != f.sndMax:
+		// RFC 6298 5.4-5.7: sent again from the acknowledged point, the
+		// timer backed off; RFC 5681 3.1: the congestion window cut to
+		// one segment; RFC 2018 8: what the client SACKed is sent again
+		// too (it may have dropped it).
+		if f.retransAt.IsZero() {
+			f.retransAt = now
+		} else if now.Sub(f.retransAt) >= giveUp {
+			f.close(true)
+			return false
+		}
+		f.backoff++
+		f.cc.timedOut(f.pipe())
+		f.inRecovery = false
+		f.score.clear()
+		f.rewind()
+	case f.sndWnd == 0 && f.pending():
+		// A window probe: an old sequence number draws an ACK with the
+		// client's window (as Linux's tcp_xmit_probe_skb), backed off as
+		// the retransmissions are; given up once the client stops
+		// answering them (tcp_probe_timer).
+		if f.probes++; f.probes > maxProbes {
+			f.close(true)
+			return false
+		}
+		f.backoff++
+		f.sndNxt--
+		f.sendAck()
+		f.sndNxt++
+	default:
+		f.rtoArmed = false
+	}
+	return f.state != stateClosed
+}
+
+// rtoDelay is how long the owner arms the timer for: the RTO, backed off.
+// In the handshake it ends at the handshake's deadline at the latest.
+func (f *Flow) rtoDelay() time.Duration {
+	d := min(f.rtt.rto()<<min(f.backoff, 16), rtoMax)
+	if f.state == stateSynRcvd && !f.hsDeadline.IsZero() {
+		d = min(d, max(f.hsDeadline.Sub(f.now()), time.Millisecond))
+	}
+	return d
+}
+
+// ackDelay is how long the owner arms the ACK timer for: a held ACK's
+// hold, or the next look at a short window, twice as late each time the
+// socket had not drained, up to the RTO's floor: a stalled endpoint costs
+// a backed-off timer, not a 1 ms poll.
+func (f *Flow) ackDelay() time.Duration {
+	if f.ackHeld {
+		return AckDelay
+	}
+	return min(AckDelay<<min(f.wndPolls, 16), rtoMin)
+}
+
+// FlushAck sends the held ACK, if the flow still holds one, or a window
+// update once a short window can grow.
+func (f *Flow) FlushAck() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.state == stateClosed:
+	case f.ackHeld:
+		f.ackHeld = false
+		f.countHeld(heldExpired)
+		f.sendAck()
+	case f.wndShort && !f.sockFull && f.wndGrown():
+		f.wndPolls = 0
+		f.sendAck()
+	case f.wndShort:
+		f.wndPolls++
+	}
+}
+
+// Readable is the owner's report that the socket has more to read.
+func (f *Flow) Readable() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pump()
+}
+
+// Writable is the owner's report that a full socket takes bytes again:
+// the kept segments go in, then a window update, then duplicate ACKs so
+// the client sends again what the full socket did not take without
+// waiting for its timeout.
+func (f *Flow) Writable() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.sockFull || f.state == stateClosed {
+		return
+	}
+	f.sockFull = false
+	if f.drainKept(); f.sockFull || f.state == stateClosed {
+		return
+	}
+	for range 1 + dupAckThresh {
+		f.sendAck()
+	}
+}

@@ -137,23 +137,31 @@ func (h holdingHandler) HandleTranslated(r *TranslateRequest) {
 	<-h.done
 }
 
-// TestTranslatedSYNAfterInFlightDrop: a SYN the in-flight bound dropped is
-// retransmitted by the client; the retransmission is the translator's new
-// request, not a SYN that gVisor's TCP takes (the flow would have switched
-// paths silently, outside the bound).
-func TestTranslatedSYNAfterInFlightDrop(t *testing.T) {
+// newTranslatingStack is a translating stack on a memory link with one
+// in-flight slot, its clock now, whose handler holds each request.
+func newTranslatingStack(t *testing.T, now func() time.Time) (*Stack, *MemoryLink, holdingHandler) {
+	t.Helper()
 	ct, err := conntrack.NewTable(conntrack.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	link := NewMemoryLink(0, 64)
-	st, err := New(Options{Link: &link.Link, Conntrack: ct, Admit: accept, TranslateTCP: true, MaxInFlight: 1, MaxInFlightPerClient: 1})
+	st, err := New(Options{Link: &link.Link, Conntrack: ct, Admit: accept, TranslateTCP: true, MaxInFlight: 1, MaxInFlightPerClient: 1, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	t.Cleanup(st.Close)
 	h := holdingHandler{reqs: make(chan *TranslateRequest, 4), done: make(chan struct{}, 4)}
 	st.SetFlowHandler(h)
+	return st, link, h
+}
+
+// TestTranslatedSYNAfterInFlightDrop: a SYN the in-flight bound dropped is
+// retransmitted by the client; the retransmission is the translator's new
+// request, not a SYN that gVisor's TCP takes (the flow would have switched
+// paths silently, outside the bound).
+func TestTranslatedSYNAfterInFlightDrop(t *testing.T) {
+	st, link, h := newTranslatingStack(t, time.Now)
 	svc := netip.MustParseAddrPort("10.96.0.10:80")
 	a, b := netip.MustParseAddrPort("10.0.0.7:40001"), netip.MustParseAddrPort("10.0.0.7:40002")
 	link.Inject(tcpPacket(a, svc, header.TCPFlagSyn, 100, 0))
@@ -180,21 +188,9 @@ func TestTranslatedSYNAfterInFlightDrop(t *testing.T) {
 // client's SYN resets the oldest of them once it has waited xlHalfOpenAge
 // and takes its slot; before that, it is dropped.
 func TestTranslatedHalfOpenEvicted(t *testing.T) {
-	ct, err := conntrack.NewTable(conntrack.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	link := NewMemoryLink(0, 64)
 	now := time.Unix(1000, 0)
 	var mu sync.Mutex
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	st, err := New(Options{Link: &link.Link, Conntrack: ct, Admit: accept, TranslateTCP: true, MaxInFlight: 1, MaxInFlightPerClient: 1, Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	h := holdingHandler{reqs: make(chan *TranslateRequest, 4), done: make(chan struct{}, 4)}
-	st.SetFlowHandler(h)
+	st, link, h := newTranslatingStack(t, func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
 	svc := netip.MustParseAddrPort("10.96.0.10:80")
 	spoofed, real := netip.MustParseAddrPort("198.18.0.1:1024"), netip.MustParseAddrPort("10.0.0.7:40002")
 	link.Inject(tcpPacket(spoofed, svc, header.TCPFlagSyn, 100, 0))

@@ -33,25 +33,26 @@ func own(name string) string { return "userproxy_" + name }
 // may not import netstack; a change there breaks that conversion at compile
 // time rather than silently).
 type GateStats struct {
-	PacketsIn, PacketsOut       uint64
-	InvalidIn, InvalidOut       uint64
-	Rejected, RejectRateLimited uint64
-	Dropped                     uint64
-	TableFull                   uint64
-	Accepted                    uint64
-	Oversized                   uint64
-	LinkUnsupported             uint64
-	TCPInFlight                 int
-	InFlightLimited             uint64
-	HandlerPanics               uint64
-	FlowPanics                  uint64
-	HandshakesAborted           uint64
-	ResetsAfterEntry            uint64
-	SegmentsAfterEntry          uint64
-	SYNACKWaitsWritten          uint64
-	SYNACKWaitsTimedOut         uint64
-	AcksSuperseded, AcksExpired uint64
-	AcksFlushed, AcksDropped    uint64
+	PacketsIn, PacketsOut        uint64
+	InvalidIn, InvalidOut        uint64
+	Rejected, RejectRateLimited  uint64
+	Dropped                      uint64
+	TableFull                    uint64
+	Accepted                     uint64
+	Oversized                    uint64
+	LinkUnsupported              uint64
+	TCPInFlight                  int
+	InFlightLimited              uint64
+	HandlerPanics                uint64
+	FlowPanics                   uint64
+	TimerRTOFires, TimerAckFires uint64
+	HandshakesAborted            uint64
+	ResetsAfterEntry             uint64
+	SegmentsAfterEntry           uint64
+	SYNACKWaitsWritten           uint64
+	SYNACKWaitsTimedOut          uint64
+	AcksSuperseded, AcksExpired  uint64
+	AcksFlushed, AcksDropped     uint64
 }
 
 // Sources are where the metrics come from. Every field may be nil: its
@@ -494,6 +495,11 @@ func gateGroup(snap func() GateStats) metricGroup {
 			func(s *GateStats) uint64 { return s.HandlerPanics }),
 		counter(own("gate_translated_flow_panics_total"), "Translated TCP flows reset because their TCP code panicked (each logged with its stack).",
 			func(s *GateStats) uint64 { return s.FlowPanics }),
+		labeled(own("gate_translated_timer_fires_total"), "Wake-ups of translated TCP flows' timers: rto (retransmissions, window probes, SYN-ACKs), ack (held ACKs, looks at a window cut short by a full endpoint socket).",
+			prometheus.CounterValue, []string{"timer"}, func(s *GateStats, emit func(float64, ...string)) {
+				emit(float64(s.TimerRTOFires), "rto")
+				emit(float64(s.TimerAckFires), "ack")
+			}),
 		counter(own("gate_handshakes_aborted_total"), "TCP handshakes aborted because the client did not complete them in time.",
 			func(s *GateStats) uint64 { return s.HandshakesAborted }),
 		labeled(own("gate_reset_after_entry_packets_total"), "Packets of TCP flows ended after their conntrack entry was gone (flush, expiry) let through so that the client gets its RST: RSTs out, and client segments in for the stack to answer with one.",

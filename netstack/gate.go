@@ -89,6 +89,8 @@ type gateCounters struct {
 	inFlightLimited    atomic.Uint64
 	handlerPanics      atomic.Uint64
 	flowPanics         atomic.Uint64 // translated flows ended by a panic in their TCP
+	xlRTOFires         atomic.Uint64 // translated flows' retransmission and persist timers fired
+	xlAckFires         atomic.Uint64 // translated flows' ACK timers fired
 	handshakesAborted  atomic.Uint64
 	resetsOut          atomic.Uint64 // RSTs of flows whose entry was gone
 	resetsIn           atomic.Uint64 // client segments of such flows, for gVisor to answer

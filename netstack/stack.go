@@ -404,6 +404,10 @@ type Stats struct {
 	// FlowPanics counts translated flows ended (reset both ways) because
 	// their TCP code panicked.
 	FlowPanics uint64
+	// TimerRTOFires and TimerAckFires count the wake-ups of translated
+	// flows' timers: retransmission and window probes; held ACKs and looks
+	// at a short window.
+	TimerRTOFires, TimerAckFires uint64
 	// HandshakesAborted counts handshakes aborted because the client did
 	// not complete them within HandshakeTimeout (or at Close).
 	HandshakesAborted uint64
@@ -443,7 +447,8 @@ func (st *Stack) Stats() Stats {
 		Accepted: c.accepted.Load(), Oversized: c.oversized.Load(),
 		LinkUnsupported: linkUnsupported,
 		TCPInFlight:     inflight, InFlightLimited: c.inFlightLimited.Load(),
-		HandlerPanics: c.handlerPanics.Load(), FlowPanics: c.flowPanics.Load(), HandshakesAborted: c.handshakesAborted.Load(),
+		HandlerPanics: c.handlerPanics.Load(), FlowPanics: c.flowPanics.Load(),
+		TimerRTOFires: c.xlRTOFires.Load(), TimerAckFires: c.xlAckFires.Load(), HandshakesAborted: c.handshakesAborted.Load(),
 		ResetsAfterEntry: c.resetsOut.Load(), SegmentsAfterEntry: c.resetsIn.Load(),
 		SYNACKWaitsWritten: st.synAcks.written.Load(), SYNACKWaitsTimedOut: st.synAcks.timedOut.Load(),
 		AcksSuperseded: acks.superseded.Load(), AcksExpired: acks.expired.Load(),

@@ -474,6 +474,7 @@ func (t *TranslatedFlow) onRTO() {
 	t.tm.Lock()
 	t.rtoOn = false
 	t.tm.Unlock()
+	t.r.x.st.counters.xlRTOFires.Add(1)
 	if !t.f.OnRTO() {
 		t.wake()
 	}
@@ -485,6 +486,7 @@ func (t *TranslatedFlow) flushAck() {
 	t.tm.Lock()
 	t.ackOn = false
 	t.tm.Unlock()
+	t.r.x.st.counters.xlAckFires.Add(1)
 	t.f.FlushAck()
 	t.syncTimers()
 }

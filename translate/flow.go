@@ -80,12 +80,14 @@ type Flow struct {
 	finIn    bool
 	ackHeld  bool // data acknowledged by the next segment out, or by flushAck
 	// wndShort: the last window offered was cut short by the socket's
-	// free space, and no segment of the client's may come to carry a
-	// larger one (it may wait for it); flushAck looks again, each time
-	// twice as late (wndPolls) while the socket stays full.
+	// free space to less than the client sends a segment into, so no
+	// segment of the client's may come to carry a larger one (it may wait
+	// for it); FlushAck looks again, each time twice as late while the
+	// socket stays full, and a step sooner after a look that found room
+	// (wndPolls: the look's delay adapts to how fast the endpoint drains).
 	wndShort bool
 	wndPolls int
-	kept     keptQueue // past a gap (xlsack.go)
+	kept     keptQueue // past a gap (sack.go)
 
 	// Send (endpoint -> client).
 	iss       uint32

@@ -473,11 +473,13 @@ func TestFlowReset(t *testing.T) {
 func TestFlowShortWindowUpdate(t *testing.T) {
 	h := newHarness(t, Segment{ws: 7, wnd: 512})
 	h.established(512)
-	h.sock.room = 100 << 10
+	// A socket with 1500 bytes of room, as the SYN-ACK offered it: 500
+	// left after the segment, less than the client sends into.
+	h.sock.room, h.f.rcvAdv = 1500, h.f.rcvNxt+1500
 	h.segment(0, testISS+1, 512, string(make([]byte, 1000)))
 	h.f.FlushAck() // the held ACK
 	out := h.take()
-	if len(out) != 1 || int(out[0].wnd)<<7 > 100<<10 || !h.f.wndShort {
+	if len(out) != 1 || int(out[0].wnd)<<7 > 1500 || !h.f.wndShort {
 		t.Fatalf("ACK %+v, window short %v", out, h.f.wndShort)
 	}
 	h.f.FlushAck() // the socket has not drained

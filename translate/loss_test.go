@@ -288,11 +288,15 @@ func TestFlowFINRetransmitted(t *testing.T) {
 }
 
 // TestFlowShortWindowBackoff: while a stalled endpoint keeps the window
-// short, the looks at it back off from 1 ms to the RTO's floor.
+// too short to send into, the looks at it back off from 1 ms to lookMax,
+// and client segments do not bring them back to 1 ms; a look that finds
+// room brings the next a step sooner.
 func TestFlowShortWindowBackoff(t *testing.T) {
 	h := newHarness(t, Segment{ws: 7, wnd: 512})
 	h.established(512)
-	h.sock.room = 100 << 10
+	// A socket with 1500 bytes of room, as the SYN-ACK offered it: 500
+	// left after the segment, less than the client sends into.
+	h.sock.room, h.f.rcvAdv = 1500, h.f.rcvNxt+1500
 	h.segment(0, testISS+1, 512, string(make([]byte, 1000)))
 	h.f.FlushAck()
 	if !h.f.wndShort {
@@ -303,12 +307,20 @@ func TestFlowShortWindowBackoff(t *testing.T) {
 		total += h.f.ackDelay()
 		h.f.FlushAck()
 	}
-	if d := h.f.ackDelay(); d != rtoMin || total < 2*time.Second {
-		t.Fatalf("after 20 looks: the next in %v, %v in all; want %v, backed off", d, total, rtoMin)
+	if d := h.f.ackDelay(); d != lookMax || total < 10*time.Second {
+		t.Fatalf("after 20 looks: the next in %v, %v in all; want %v, backed off", d, total, lookMax)
 	}
-	h.seq = testIRS + 1 + 1000
-	h.segment(0, testISS+1, 512, "x") // the client's segment: looks from the start again
-	if d := h.f.ackDelay(); d > AckDelay {
-		t.Fatalf("after a segment: %v", d)
+	h.segment(0, testISS+1, 512, "") // the client's probe
+	h.f.FlushAck()
+	if d := h.f.ackDelay(); d != lookMax {
+		t.Fatalf("after a client's segment: the next look in %v; want still %v", d, lookMax)
+	}
+	h.sock.room = -1 // drained
+	h.f.FlushAck()
+	if out := h.take(); len(out) == 0 || out[len(out)-1].wnd == 0 {
+		t.Fatalf("no window update once drained: %+v", out)
+	}
+	if d := h.f.ackDelay(); d >= lookMax {
+		t.Fatalf("after a look that found room: the next in %v; want sooner than %v", d, lookMax)
 	}
 }

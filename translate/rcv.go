@@ -24,7 +24,7 @@ func (f *Flow) window() uint16 {
 	if edge := f.rcvNxt + uint32(w<<f.rcvShift); int32(edge-f.rcvAdv) > 0 {
 		f.rcvAdv = edge
 	}
-	f.wndShort = int32(f.rcvAdv-f.rcvNxt) < int32(f.maxWnd/2)
+	f.wndShort = int32(f.rcvAdv-f.rcvNxt) < int32(min(f.maxWnd/2, uint32(2*f.mss)))
 	return uint16(w)
 }
 
@@ -59,7 +59,6 @@ func (f *Flow) dataInput(s Segment) {
 	if f.sockFull && f.sock.Writable() {
 		f.sockFull = false // the client's probe or retransmission found it drained
 	}
-	f.wndPolls = 0
 	fin := s.flags&tcpFIN != 0
 	if len(s.payload) == 0 && !fin {
 		if int32(s.seq-f.rcvNxt) < 0 {

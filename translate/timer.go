@@ -82,15 +82,24 @@ func (f *Flow) rtoDelay() time.Duration {
 }
 
 // ackDelay is how long the owner arms the ACK timer for: a held ACK's
-// hold, or the next look at a short window, twice as late each time the
-// socket had not drained, up to the RTO's floor: a stalled endpoint costs
-// a backed-off timer, not a 1 ms poll.
+// hold, or the next look at a short window (wndPolls), up to lookMax: a
+// stalled endpoint costs a backed-off timer, not a 1 ms poll. The client
+// probes a window too small to send into on its own as well (Linux's
+// tcp_probe_timer), backed off to 120 s; the looks bound how late a stall's
+// end is noticed.
 func (f *Flow) ackDelay() time.Duration {
 	if f.ackHeld {
 		return AckDelay
 	}
-	return min(AckDelay<<min(f.wndPolls, 16), rtoMin)
+	return min(AckDelay<<f.wndPolls, lookMax)
 }
+
+// lookMax is the most a short window's looks back off to: lookSteps
+// doublings of AckDelay.
+const (
+	lookMax   = time.Second
+	lookSteps = 10
+)
 
 // FlushAck sends the held ACK, if the flow still holds one, or a window
 // update once a short window can grow.
@@ -104,10 +113,10 @@ func (f *Flow) FlushAck() {
 		f.countHeld(heldExpired)
 		f.sendAck()
 	case f.wndShort && !f.sockFull && f.wndGrown():
-		f.wndPolls = 0
+		f.wndPolls = max(f.wndPolls-1, 0)
 		f.sendAck()
 	case f.wndShort:
-		f.wndPolls++
+		f.wndPolls = min(f.wndPolls+1, lookSteps)
 	}
 }
 

@@ -40,6 +40,14 @@
 //   - No ECN, no TCP Fast Open, no urgent data (the endpoint socket takes it
 //     inline, RFC 6093 5), no window-update ACK clocking beyond RFC 9293's.
 //   - A FIN past a gap is not kept: the client sends it again.
+//   - Challenge ACKs are not rate-limited (Linux's tcp_challenge_ack_limit):
+//     each answers one segment of the client's own, so they amplify
+//     nothing, and the flow's tuple is the client's own.
+//   - ICMP "fragmentation needed" and "packet too big" are not applied to a
+//     translated flow's MSS: the client's announced MSS bounds its
+//     segments, and the path between the TUN and a pod is one host's.
+//   - No keep-alives toward the client: conntrack's timeouts end an idle
+//     flow, as the kernel's do on kube-proxy's path.
 //
 // It imports nothing of userproxy's and no gVisor: it writes its own
 // IPv4/IPv6 and TCP headers (seg.go).

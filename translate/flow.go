@@ -45,7 +45,10 @@ const (
 	stateClosed
 )
 
-const dupAckThresh = 3 // RFC 5681 3.2; RFC 6675 2's DupThresh
+const (
+	dupAckThresh  = 3   // RFC 5681 3.2; RFC 6675 2's DupThresh
+	maxReordering = 300 // Linux's net.ipv4.tcp_max_reordering
+)
 
 type Flow struct {
 	mu   sync.Mutex
@@ -106,8 +109,26 @@ type Flow struct {
 	sendMSS   int // the payload of a full segment of ours, options taken off
 	unacked   int // bytes received since our last ACK
 	dupAcks   int
-	finSent   bool // our FIN is sndNxt-1
-	finSeen   bool // our FIN was sent: it is sndMax-1
+	// dupThresh is how many segments' worth of duplicate ACKs or SACKed
+	// bytes past a hole make a loss: dupAckThresh, raised when the client
+	// reports that a retransmission was not needed (reordering, as Linux
+	// raises tp->reordering), up to maxReordering.
+	dupThresh int
+	// dsack is a range the client sent again that we already had, to be
+	// reported first in our next ACK's SACK blocks (RFC 2883).
+	dsack   seqRange
+	dsackOn bool
+	// hole is the first byte the last loss was declared at, while a
+	// D-SACK of it may still show the loss was none (holeSet).
+	hole    uint32
+	holeSet bool
+	// Tail loss probes (RFC 8985 7), with SACK: tlpDue while a probe may
+	// go for the data in flight, before the RTO; tlpProbing once it went,
+	// up to tlpEnd, until its answer.
+	tlpDue, tlpProbing bool
+	tlpEnd             uint32
+	finSent            bool // our FIN is sndNxt-1
+	finSeen            bool // our FIN was sent: it is sndMax-1
 
 	// Loss recovery and congestion control (xlcc.go, xlsack.go).
 	sackOK     bool // both ends take SACK
@@ -229,6 +250,7 @@ func New(cfg Config, syn Segment) *Flow {
 	f.recover = f.iss // RFC 6582 3.2: the initial send sequence number
 	f.sndWl1, f.sndWl2 = syn.seq, f.iss
 	f.cc = newReno(f.sendMSS)
+	f.dupThresh = dupAckThresh
 	return f
 }
 

@@ -324,3 +324,65 @@ func TestFlowShortWindowBackoff(t *testing.T) {
 		t.Fatalf("after a look that found room: the next in %v; want sooner than %v", d, lookMax)
 	}
 }
+
+// TestFlowDSACK: a segment the client sends again that we had already is
+// reported in a D-SACK block first (RFC 2883); a D-SACK from the client
+// for what a recovery sent again undoes the window's reduction and raises
+// the reordering allowed before the next loss (RFC 2883 5, Linux's
+// tcp_try_undo_dsack).
+func TestFlowDSACK(t *testing.T) {
+	h := newHarness(t, Segment{mss: 1460, ws: 7, sackOK: true, wnd: 512})
+	h.established(512)
+	h.segment(0, testISS+1, 512, "hello")
+	h.f.FlushAck()
+	h.take()
+	h.seq = testIRS + 1
+	h.segment(0, testISS+1, 512, "hello") // again
+	out := h.take()
+	if len(out) != 1 || out[0].nSack != 1 || out[0].sack[0] != (seqRange{testIRS + 1, testIRS + 6}) {
+		t.Fatalf("a duplicate drew %+v; want a D-SACK block of it", out)
+	}
+
+	s := newHarnessLink(t, Segment{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
+	s.established(65535)
+	s.sock.queue = bytes.Repeat([]byte("x"), 1000)
+	s.f.Readable()
+	s.take()
+	s.sackAck(100, 65535, [2]uint32{200, 500}) // a loss at 100: recovery
+	cwnd := s.f.cc.window()
+	if !s.f.inRecovery || cwnd >= 1000 {
+		t.Fatalf("recovery %v, cwnd %d", s.f.inRecovery, cwnd)
+	}
+	s.sackAck(1000, 65535, [2]uint32{100, 200}) // the hole came after all: reported twice
+	if s.f.cc.window() < 1000 || s.f.dupThresh != 2*dupAckThresh {
+		t.Fatalf("after a D-SACK: cwnd %d (was %d before the loss), reordering threshold %d", s.f.cc.window(), 1000, s.f.dupThresh)
+	}
+}
+
+// TestFlowTailLossProbe: the last segments of a flight lost, no ACK comes
+// to show it: after two round trips (not the RTO) the last segment goes
+// again (RFC 8985 7), the client's answer SACKs it, and the hole before
+// it is sent at once.
+func TestFlowTailLossProbe(t *testing.T) {
+	h := newHarnessLink(t, Segment{mss: 100, ws: 0, ts: true, tsVal: 1, sackOK: true, wnd: 65535}, 1460, false)
+	h.take()
+	h.now = h.now.Add(10 * time.Millisecond)
+	h.f.Input(Segment{seq: h.seq, ack: testISS + 1, flags: tcpACK, wnd: 65535, ts: true, tsVal: 2, tsEcr: 7000, ws: -1})
+	h.sock.queue = bytes.Repeat([]byte("x"), 880) // 10 segments of 88
+	h.f.Readable()
+	h.take()
+	h.sackAck(704, 65535) // 8 acknowledged; the last 2 lost
+	if d := h.f.rtoDelay(); d >= rtoMin {
+		t.Fatalf("the probe's timer %v; want under the RTO (%v)", d, rtoMin)
+	}
+	h.now = h.now.Add(h.f.rtoDelay())
+	h.f.OnRTO()
+	got := payloads(h.take())
+	if len(got) != 1 || got[0] != [2]uint32{792, 88} {
+		t.Fatalf("the probe: %v; want the last segment again", got)
+	}
+	h.sackAck(704, 65535, [2]uint32{792, 880})
+	if got := payloads(h.take()); len(got) == 0 || got[0] != [2]uint32{704, 88} || !h.f.inRecovery {
+		t.Fatalf("after the probe's SACK: %v, recovery %v; want the hole at 704", got, h.f.inRecovery)
+	}
+}

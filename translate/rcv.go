@@ -71,6 +71,9 @@ func (f *Flow) dataInput(s Segment) {
 		return
 	}
 	if d := int(int32(f.rcvNxt - s.seq)); d > 0 { // sent again, at least in part
+		// RFC 2883: the bytes we had already are reported in a D-SACK
+		// block, so that the client can tell a needless retransmission.
+		f.dsack, f.dsackOn = seqRange{s.seq, s.seq + uint32(min(d, len(s.payload)))}, f.sackOK && len(s.payload) > 0
 		if d > len(s.payload) || (d == len(s.payload) && !fin) {
 			f.sendAck()
 			return

@@ -28,6 +28,10 @@ type congestionControl interface {
 	// timedOut reports a retransmission timeout with flight bytes in
 	// flight (RFC 5681 3.1's loss window).
 	timedOut(flight int)
+	// undo reports that the last reduction's loss was none: the client
+	// got the bytes sent again twice (a D-SACK, RFC 2883 5; Linux's
+	// tcp_try_undo_dsack): the window goes back to what it was.
+	undo()
 }
 
 var _ congestionControl = (*reno)(nil)
@@ -44,6 +48,8 @@ type reno struct {
 	cwnd     int
 	ssthresh int
 	avoided  int // bytes acknowledged toward the next segment of growth in congestion avoidance
+	// The window and threshold before the last reduction, for undo.
+	priorCwnd, priorSsthresh int
 }
 
 // renoMaxWindow bounds the window's growth: past the largest window a
@@ -80,13 +86,23 @@ func (c *reno) acked(n int, limited bool) {
 func (c *reno) halve(flight int) int { return max(flight/2, 2*c.mss) }
 
 func (c *reno) lost(flight int) {
+	c.priorCwnd, c.priorSsthresh = c.cwnd, c.ssthresh
 	c.ssthresh = c.halve(flight)
 	c.cwnd, c.avoided = c.ssthresh, 0
 }
 
 func (c *reno) recovered() { c.cwnd = c.ssthresh }
 
+func (c *reno) undo() {
+	if c.priorCwnd == 0 {
+		return
+	}
+	c.cwnd, c.ssthresh = max(c.cwnd, c.priorCwnd), max(c.ssthresh, c.priorSsthresh)
+	c.priorCwnd = 0
+}
+
 func (c *reno) timedOut(flight int) {
+	c.priorCwnd, c.priorSsthresh = c.cwnd, c.ssthresh
 	c.ssthresh = c.halve(flight)
 	c.cwnd, c.avoided = c.mss, 0 // the loss window: one segment
 }

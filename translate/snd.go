@@ -44,9 +44,14 @@ func (f *Flow) sendAround(p []byte, flags byte, n int) {
 		opts = tsOption(opts, f.tsNow(), f.tsRecent)
 		blocks--
 	}
-	if n == 0 && f.sackOK && f.kept.len() > 0 {
+	if n == 0 && f.sackOK && (f.kept.len() > 0 || f.dsackOn) {
 		var b [sackMaxBlocks]seqRange
-		opts = sackOption(opts, f.kept.blocks(b[:0], blocks))
+		bs := b[:0]
+		if f.dsackOn {
+			bs = append(bs, f.dsack) // RFC 2883 4: the D-SACK block first
+			f.dsackOn = false
+		}
+		opts = sackOption(opts, f.kept.blocks(bs, blocks))
 	}
 	if f.ackHeld {
 		f.countHeld(heldSuperseded) // this segment carries the held ACK
@@ -102,6 +107,10 @@ func (f *Flow) ackInput(s Segment) {
 			f.finSent = f.finSeen && s.ack == f.sndMax
 		}
 		f.score.ackedTo(s.ack)
+		if int32(s.ack-f.tlpEnd) >= 0 {
+			f.tlpProbing = false
+		}
+		f.tlpDue = f.sackOK // a new probe for what is still in flight
 		f.progress = f.now()
 		f.dupAcks, f.backoff, f.probes = 0, 0, 0
 		f.retransAt = time.Time{}
@@ -137,18 +146,59 @@ func (f *Flow) ackInput(s Segment) {
 		for _, r := range s.sack[:s.nSack] {
 			f.score.add(r, f.sndUna, end)
 		}
+		if s.nSack > 0 && f.holeSet && f.isDSACK(s) {
+			// The first byte the last loss was declared at, reported
+			// twice: it was never lost.
+			if b := s.sack[0]; int32(f.hole-b.start) >= 0 && int32(f.hole-b.end) < 0 {
+				f.holeSet = false
+				f.spurious()
+			}
+		}
 	}
-	// A loss: three duplicate ACKs (RFC 5681 3.2), or three segments'
-	// worth SACKed past the first hole (RFC 6675 4, IsLost); not again
-	// before the last recovery's data is acknowledged (RFC 6582 3.2:
-	// strictly past it, or the duplicates a rewind sent would start the
-	// next one).
-	if !f.inRecovery && f.sndMax != f.sndUna && int32(f.sndUna-f.recover) > 0 &&
-		(f.dupAcks >= dupAckThresh || f.score.sacked(f.sndMax) >= dupAckThresh*f.sendMSS) {
+	// A loss: three segments' worth SACKed past the first hole (RFC 6675
+	// 4, IsLost), or a SACK past it after a tail loss probe (RFC 8985 7);
+	// without SACK, three duplicate ACKs (RFC 5681 3.2), not before the
+	// last recovery's data is acknowledged (RFC 6582 3.2: strictly past
+	// it, or the duplicates a rewind sent would start the next one; a SACK
+	// block tells those apart).
+	if f.inRecovery || f.sndMax == f.sndUna {
+		return
+	}
+	sacked := f.score.sacked(f.sndMax)
+	if sacked >= f.dupThresh*f.sendMSS || (f.tlpProbing && sacked > 0) ||
+		(f.dupAcks >= f.dupThresh && int32(f.sndUna-f.recover) > 0) {
 		f.cc.lost(f.pipe())
-		f.inRecovery = true
+		f.inRecovery, f.tlpProbing = true, false
+		f.hole, f.holeSet = f.sndUna, true
 		f.rewind()
 	}
+}
+
+// isDSACK reports whether s's first SACK block reports bytes the client
+// got twice (RFC 2883 4): below its cumulative ACK, or inside its second
+// block.
+func (f *Flow) isDSACK(s Segment) bool {
+	b := s.sack[0]
+	if int32(b.end-b.start) <= 0 {
+		return false
+	}
+	if int32(b.end-s.ack) <= 0 {
+		return true
+	}
+	return s.nSack > 1 && int32(b.start-s.sack[1].start) >= 0 && int32(b.end-s.sack[1].end) <= 0
+}
+
+// spurious takes a D-SACK of the hole a recovery began at: a
+// retransmission the client did not need, so the loss that caused it was a
+// reordering. (D-SACKs of what the rewind sent again past the hole, still
+// in flight then, mean nothing of the sort.) The window's reduction is
+// undone and more reordering is allowed before the next loss is declared
+// (RFC 2883 5, RFC 4015; Linux's tcp_try_undo_dsack and tp->reordering).
+// A D-SACK of a duplicate the network made of the hole's retransmission
+// does the same, once per recovery.
+func (f *Flow) spurious() {
+	f.cc.undo()
+	f.dupThresh = min(f.dupThresh*2, maxReordering)
 }
 
 // sampleRTT measures the round trip the acknowledgment s closes: by its
@@ -252,6 +302,7 @@ func (f *Flow) pump() {
 		}
 		if f.sndUna == f.sndNxt {
 			f.progress = f.now() // a new flight
+			f.tlpDue = f.sackOK
 		}
 		if f.sndNxt == f.sndMax && !f.ts && !f.timing {
 			f.timing, f.rttSeq, f.rttAt = true, f.sndNxt+uint32(r), f.now()

@@ -29,6 +29,8 @@ func (f *Flow) OnRTO() bool {
 		return true // armed once per flight: the flight moved since; armed again
 	}
 	switch {
+	case f.state == stateEstablished && f.probeDue():
+		f.tailLossProbe()
 	case f.state == stateSynRcvd:
 		if f.backoff++; f.backoff > synAckRetries && f.hsDeadline.IsZero() {
 			f.close(true)
@@ -75,10 +77,67 @@ func (f *Flow) OnRTO() bool {
 // In the handshake it ends at the handshake's deadline at the latest.
 func (f *Flow) rtoDelay() time.Duration {
 	d := min(f.rtt.rto()<<min(f.backoff, 16), rtoMax)
+	if f.state == stateEstablished && f.probeDue() {
+		// RFC 8985 7.2: two round trips, and a delayed ACK's worth more
+		// when one segment is in flight.
+		pto := max(2*f.rtt.srtt, 10*time.Millisecond)
+		if int(f.sndMax-f.sndUna) <= f.sendMSS {
+			pto = max(pto, f.rtt.srtt*3/2+200*time.Millisecond)
+		}
+		d = min(d, pto)
+	}
 	if f.state == stateSynRcvd && !f.hsDeadline.IsZero() {
 		d = min(d, max(f.hsDeadline.Sub(f.now()), time.Millisecond))
 	}
 	return d
+}
+
+// probeDue reports whether a tail loss probe is to go before the RTO: SACK
+// agreed, data in flight, no recovery and no timeout yet, a round trip
+// measured.
+func (f *Flow) probeDue() bool {
+	return f.tlpDue && f.sndUna != f.sndMax && !f.inRecovery && f.backoff == 0 && f.rtt.measured
+}
+
+// tailLossProbe sends the probe (RFC 8985 7.3): new data if the socket
+// and the client's window have some, else the last segment's worth sent
+// again, so that the client's answer SACKs it and shows a loss before it.
+func (f *Flow) tailLossProbe() {
+	f.tlpDue = false
+	end := f.sndMax
+	if f.finSeen {
+		end-- // the FIN: left to the RTO
+	}
+	if before := f.sndMax; f.sndNxt == f.sndMax {
+		f.pump()
+		if f.sndMax != before {
+			f.tlpProbing, f.tlpEnd = true, f.sndMax
+			return
+		}
+	}
+	if int32(end-f.sndUna) <= 0 || f.sndNxt != f.sndMax {
+		return
+	}
+	n := min(int(end-f.sndUna), f.sendMSS)
+	start := end - uint32(n)
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	hl := f.hdrLen()
+	if err := f.sock.SetPeekOffset(int(start - f.sndUna)); err != nil {
+		f.close(true)
+		return
+	}
+	r, err := f.sock.Peek((*bp)[hl : hl+n])
+	if err == nil && r > 0 {
+		next := f.sndNxt
+		f.sndNxt = start
+		f.sendAround(*bp, tcpPSH, r)
+		f.sndNxt = next
+		f.tlpProbing, f.tlpEnd = true, end
+	}
+	if err := f.sock.SetPeekOffset(int(f.sndNxt - f.sndUna)); err != nil {
+		f.close(true)
+	}
 }
 
 // ackDelay is how long the owner arms the ACK timer for: a held ACK's

@@ -5,7 +5,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(GOBIN)/staticcheck
 
-.PHONY: help test unit lint tools bench-once darwin integration kube-apiserver kubeapi bench bench-harness fuzz fuzz-short soak image
+.PHONY: help test unit lint tools bench-once darwin integration faults kube-apiserver kubeapi bench bench-harness fuzz fuzz-short soak image
 
 # The image (Containerfile): IMAGE names it, VERSION is stamped into the
 # binary (userproxy version) and labels it, BUILDAH is the command that builds
@@ -25,8 +25,8 @@ test: lint unit bench-once fuzz-short darwin ## everything CI checks: lint, race
 # loads the machine's cores; the others run in parallel.
 unit: ## go test -race ./... (integration tests run when root; the TUN suite twice, the second time with --tcp-translate=false: gVisor's TCP)
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /integration)
-	$(GO) test -race -count=1 -p 1 ./integration/...
-	USERPROXY_TCP_TRANSLATE=0 $(GO) test -race -count=1 ./integration/
+	$(GO) test -race -count=1 -p 1 -timeout 45m ./integration/...
+	USERPROXY_TCP_TRANSLATE=0 $(GO) test -race -count=1 -timeout 45m ./integration/
 
 lint: tools ## gofmt (as a test), go vet (also for darwin and linux/arm64), staticcheck
 	$(GO) test -count=1 -run '^TestGofmt$$' .
@@ -49,6 +49,12 @@ darwin: ## cross-compile for macOS
 
 integration: ## the root-only tests in integration/ (real TUN, namespaces)
 	$(GO) test -race -count=1 -v ./integration/...
+
+# Without -race, so that the logged goodput table means something; the
+# short form of the same test runs in `unit`. USERPROXY_FAULTS_PATHS picks
+# paths, USERPROXY_FAULTS_TRACE traces the wire (integration/faults_linux_test.go).
+faults: ## (root) TestFaults in full: every fault profile, 16 MiB each way, a 60 s link-down; the kernel path, translated TCP and gVisor's side by side
+	USERPROXY_FAULTS=full $(GO) test -count=1 -p 1 -timeout 120m -run '^TestFaults$$' -v ./integration/
 
 kube-apiserver: ## build kube-apiserver for the API server tests (once per version: 10-15 min, then cached)
 	integration/kubeapiserver/build.sh

@@ -440,9 +440,10 @@ func (fp *faultPath) run(t *testing.T, prof faultProfile, form faultForm) faultR
 				why = append(why, fmt.Sprintf("%v %d", r, n))
 			}
 		}
-		t.Logf("%s gate: %d packets in, %d out; INVALID dropped %d in, %d out %v",
+		t.Logf("%s gate: %d packets in, %d out; INVALID dropped %d in, %d out %v; translated timers fired: %d rto, %d ack",
 			fp.name, gate.PacketsIn-gate0.PacketsIn, gate.PacketsOut-gate0.PacketsOut,
-			gate.InvalidIn-gate0.InvalidIn, gate.InvalidOut-gate0.InvalidOut, why)
+			gate.InvalidIn-gate0.InvalidIn, gate.InvalidOut-gate0.InvalidOut, why,
+			gate.TimerRTOFires-gate0.TimerRTOFires, gate.TimerAckFires-gate0.TimerAckFires)
 	}
 	return res
 }

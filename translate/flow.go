@@ -122,13 +122,21 @@ type Flow struct {
 	// D-SACK of it may still show the loss was none (holeSet).
 	hole    uint32
 	holeSet bool
+	// holeResent and holeDSACKs count the copies of the hole sent again
+	// and the D-SACKs of it: all reported twice, the loss was none.
+	holeResent, holeDSACKs int
 	// Tail loss probes (RFC 8985 7), with SACK: tlpDue while a probe may
 	// go for the data in flight, before the RTO; tlpProbing once it went,
 	// up to tlpEnd, until its answer.
 	tlpDue, tlpProbing bool
 	tlpEnd             uint32
-	finSent            bool // our FIN is sndNxt-1
-	finSeen            bool // our FIN was sent: it is sndMax-1
+	// headSeq and headAt: when the segment at sndUna was last sent again
+	// in a recovery, for resendLost.
+	headSeq     uint32
+	headAt      time.Time
+	headResends int
+	finSent     bool // our FIN is sndNxt-1
+	finSeen     bool // our FIN was sent: it is sndMax-1
 
 	// Loss recovery and congestion control (xlcc.go, xlsack.go).
 	sackOK     bool // both ends take SACK

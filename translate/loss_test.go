@@ -386,3 +386,56 @@ func TestFlowTailLossProbe(t *testing.T) {
 		t.Fatalf("after the probe's SACK: %v, recovery %v; want the hole at 704", got, h.f.inRecovery)
 	}
 }
+
+// TestFlowLostRetransmission: in recovery, the hole sent again is lost
+// again; the client's ACKs keep coming with the hole still open, and once
+// two round trips (2 ms at least) have passed the hole goes a third time,
+// without waiting for the RTO.
+func TestFlowLostRetransmission(t *testing.T) {
+	h := newHarnessLink(t, Segment{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
+	h.established(65535)
+	h.sock.queue = bytes.Repeat([]byte("x"), 1000)
+	h.f.Readable()
+	h.take()
+	h.sackAck(100, 65535, [2]uint32{200, 500}) // recovery: the hole at 100 sent again
+	if got := payloads(h.take()); len(got) == 0 || got[0] != [2]uint32{100, 100} {
+		t.Fatalf("recovery sent %v", got)
+	}
+	h.sackAck(100, 65535, [2]uint32{200, 1000}) // the rest arrives; the hole does not
+	if got := payloads(h.take()); len(got) != 0 {
+		t.Fatalf("at once: %v; want nothing yet", got)
+	}
+	h.now = h.now.Add(3 * time.Millisecond)
+	h.sackAck(100, 65535, [2]uint32{200, 1000})
+	if got := payloads(h.take()); len(got) != 1 || got[0] != [2]uint32{100, 100} {
+		t.Fatalf("3 ms later: %v; want the hole again", got)
+	}
+}
+
+// TestFlowLostRetransmissionQuiet: the hole sent again in recovery is lost
+// again and no ACK comes to show it (everything else is SACKed): the
+// timer sends it again after two round trips, not after the RTO, and at
+// most maxHeadResends times before the RTO takes over.
+func TestFlowLostRetransmissionQuiet(t *testing.T) {
+	h := newHarnessLink(t, Segment{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
+	h.established(65535)
+	h.sock.queue = bytes.Repeat([]byte("x"), 1000)
+	h.f.Readable()
+	h.take()
+	h.sackAck(100, 65535, [2]uint32{200, 1000}) // recovery: the hole at 100 sent again
+	h.take()
+	for i := range maxHeadResends {
+		d := h.f.rtoDelay()
+		if d >= rtoMin {
+			t.Fatalf("copy %d: the timer %v; want under the RTO", i+2, d)
+		}
+		h.now = h.now.Add(d)
+		h.f.OnRTO()
+		if got := payloads(h.take()); len(got) != 1 || got[0] != [2]uint32{100, 100} {
+			t.Fatalf("copy %d: %v; want the hole", i+2, got)
+		}
+	}
+	if d := h.f.rtoDelay(); d < rtoMin {
+		t.Fatalf("after %d copies the timer is %v; want the RTO", maxHeadResends, d)
+	}
+}

@@ -114,6 +114,9 @@ func (f *Flow) ackInput(s Segment) {
 		f.progress = f.now()
 		f.dupAcks, f.backoff, f.probes = 0, 0, 0
 		f.retransAt = time.Time{}
+		// A partial ACK's new hole was sent again in the rewind's pass, or
+		// is about to be; its wait for resendLost starts now.
+		f.headSeq, f.headAt, f.headResends = s.ack, f.now(), 0
 		switch {
 		case f.inRecovery && int32(s.ack-f.recover) >= 0:
 			f.inRecovery = false // RFC 6582 3.2 step 3: a full acknowledgment
@@ -149,9 +152,13 @@ func (f *Flow) ackInput(s Segment) {
 		if s.nSack > 0 && f.holeSet && f.isDSACK(s) {
 			// The first byte the last loss was declared at, reported
 			// twice: it was never lost.
+			// Every copy sent again reported twice (Linux's undo_retrans
+			// reaching 0): the original had arrived.
 			if b := s.sack[0]; int32(f.hole-b.start) >= 0 && int32(f.hole-b.end) < 0 {
-				f.holeSet = false
-				f.spurious()
+				if f.holeDSACKs++; f.holeDSACKs >= f.holeResent {
+					f.holeSet = false
+					f.spurious()
+				}
 			}
 		}
 	}
@@ -161,7 +168,11 @@ func (f *Flow) ackInput(s Segment) {
 	// last recovery's data is acknowledged (RFC 6582 3.2: strictly past
 	// it, or the duplicates a rewind sent would start the next one; a SACK
 	// block tells those apart).
-	if f.inRecovery || f.sndMax == f.sndUna {
+	if f.inRecovery {
+		f.resendLost()
+		return
+	}
+	if f.sndMax == f.sndUna {
 		return
 	}
 	sacked := f.score.sacked(f.sndMax)
@@ -169,7 +180,7 @@ func (f *Flow) ackInput(s Segment) {
 		(f.dupAcks >= f.dupThresh && int32(f.sndUna-f.recover) > 0) {
 		f.cc.lost(f.pipe())
 		f.inRecovery, f.tlpProbing = true, false
-		f.hole, f.holeSet = f.sndUna, true
+		f.hole, f.holeSet, f.holeResent, f.holeDSACKs = f.sndUna, true, 0, 0
 		f.rewind()
 	}
 }
@@ -307,6 +318,10 @@ func (f *Flow) pump() {
 		if f.sndNxt == f.sndMax && !f.ts && !f.timing {
 			f.timing, f.rttSeq, f.rttAt = true, f.sndNxt+uint32(r), f.now()
 		}
+		if f.sndNxt == f.sndUna && f.sndNxt != f.sndMax {
+			f.headSeq, f.headAt, f.headResends = f.sndNxt, f.now(), 0 // the hole at sndUna sent again
+			f.noteHoleResent(f.sndNxt)
+		}
 		f.sendAround(*bp, 0x08, r) // PSH
 		f.sndNxt += uint32(r)
 		f.noteSent()
@@ -329,6 +344,73 @@ func (f *Flow) pending() bool {
 		_ = f.sock.SetPeekOffset(int(f.sndNxt - f.sndUna))
 	}
 	return true
+}
+
+// resend sends n bytes from start again, one segment, out of the way of
+// sndNxt and the peek offset, which it puts back; it reports whether it
+// sent any.
+func (f *Flow) resend(start uint32, n int) bool {
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	hl := f.hdrLen()
+	if err := f.sock.SetPeekOffset(int(start - f.sndUna)); err != nil {
+		f.close(true)
+		return false
+	}
+	r, err := f.sock.Peek((*bp)[hl : hl+n])
+	if err == nil && r > 0 {
+		next := f.sndNxt
+		f.sndNxt = start
+		f.sendAround(*bp, tcpPSH, r)
+		f.sndNxt = next
+	}
+	if err := f.sock.SetPeekOffset(int(f.sndNxt - f.sndUna)); err != nil {
+		f.close(true)
+		return false
+	}
+	return err == nil && r > 0
+}
+
+// resendLost sends the segment at sndUna again when, in recovery, it is
+// still missing a while after it was last sent while the client's ACKs
+// keep coming: its retransmission was lost too. Without it, every lost
+// retransmission cost an RTO; RACK (RFC 8985 6.2) detects it by send
+// times, which the flow does not keep, so the wait is two round trips from
+// the last send of that segment, at least 2 ms.
+func (f *Flow) resendLost() {
+	now := f.now()
+	if !f.headProbing() || now.Sub(f.headAt) < f.lostWait() {
+		return
+	}
+	end := f.sndMax
+	if f.finSeen {
+		end--
+	}
+	from, limit := f.score.skip(f.sndUna)
+	if from != f.sndUna || int32(end-f.sndUna) <= 0 {
+		return
+	}
+	n := min(int(end-f.sndUna), f.sendMSS)
+	if limit > 0 {
+		n = min(n, limit)
+	}
+	if f.resend(f.sndUna, n) {
+		f.headAt = now
+		f.headResends++
+		f.noteHoleResent(f.sndUna)
+	}
+}
+
+// lostWait is how long a hole sent again may stay open before resendLost
+// takes its copy for lost: two round trips, 2 ms at least.
+func (f *Flow) lostWait() time.Duration { return max(2*f.rtt.srtt, 2*time.Millisecond) }
+
+// noteHoleResent counts a copy of the recovery's first hole sent again,
+// if seq is its place.
+func (f *Flow) noteHoleResent(seq uint32) {
+	if f.holeSet && seq == f.hole {
+		f.holeResent++
+	}
 }
 
 // rewind goes back to the acknowledged point and sends again from there

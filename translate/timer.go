@@ -25,6 +25,10 @@ func (f *Flow) OnRTO() bool {
 		f.close(true) // the client did not complete its handshake in time
 		return false
 	}
+	if f.state == stateEstablished && f.headProbing() {
+		f.resendLost() // if due; armed again either way
+		return true
+	}
 	if f.state == stateEstablished && now.Sub(f.progress) < f.rtoDelay() {
 		return true // armed once per flight: the flight moved since; armed again
 	}
@@ -86,11 +90,25 @@ func (f *Flow) rtoDelay() time.Duration {
 		}
 		d = min(d, pto)
 	}
+	if f.state == stateEstablished && f.headProbing() {
+		d = min(d, max(f.lostWait()-f.now().Sub(f.headAt), time.Millisecond))
+	}
 	if f.state == stateSynRcvd && !f.hsDeadline.IsZero() {
 		d = min(d, max(f.hsDeadline.Sub(f.now()), time.Millisecond))
 	}
 	return d
 }
+
+// headProbing reports whether, in recovery, the hole at sndUna is watched
+// for its retransmission's loss (resendLost) rather than left to the RTO:
+// up to maxHeadResends times a hole, so that a client that is gone still
+// meets the RTO's backoff.
+func (f *Flow) headProbing() bool {
+	return f.inRecovery && f.headSeq == f.sndUna && f.headResends < maxHeadResends && f.sndUna != f.sndMax
+}
+
+// maxHeadResends bounds resendLost's copies of one hole.
+const maxHeadResends = 3
 
 // probeDue reports whether a tail loss probe is to go before the RTO: SACK
 // agreed, data in flight, no recovery and no timeout yet, a round trip
@@ -119,24 +137,8 @@ func (f *Flow) tailLossProbe() {
 		return
 	}
 	n := min(int(end-f.sndUna), f.sendMSS)
-	start := end - uint32(n)
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	hl := f.hdrLen()
-	if err := f.sock.SetPeekOffset(int(start - f.sndUna)); err != nil {
-		f.close(true)
-		return
-	}
-	r, err := f.sock.Peek((*bp)[hl : hl+n])
-	if err == nil && r > 0 {
-		next := f.sndNxt
-		f.sndNxt = start
-		f.sendAround(*bp, tcpPSH, r)
-		f.sndNxt = next
+	if f.resend(end-uint32(n), n) {
 		f.tlpProbing, f.tlpEnd = true, end
-	}
-	if err := f.sock.SetPeekOffset(int(f.sndNxt - f.sndUna)); err != nil {
-		f.close(true)
 	}
 }
 

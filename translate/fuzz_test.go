@@ -24,6 +24,9 @@ func FuzzFlow(f *testing.F) {
 	f.Add(append(mss(12), 8, 10, 0, 0, 0, 1, 0, 0, 0, 0), false, []byte{2, 0, 0, 11, 184, 0, 3, 0, 0, 0, 0, 0})
 	f.Add(mss(1), true, []byte{2, 0, 0, 11, 184, 0, 3, 0, 0, 0, 0, 0})
 	f.Add([]byte{2, 3, 0, 8, 1}, false, []byte{2, 0, 0, 11, 184, 0})
+	// SACK permitted; endpoint bytes, then ACKs with SACK blocks past a hole
+	// and below the cumulative ACK (a D-SACK), then the timers (TLP, RTO).
+	f.Add(append(mss(100), 1, 1, 4, 2), false, []byte{2, 0, 0, 11, 184, 0, 1, 0, 0, 1, 244, 0x40, 1, 0, 100, 7, 208, 0x40, 1, 0, 50, 3, 232, 0x40, 4, 0, 20, 0, 0, 0, 4, 0, 250, 0, 0, 0, 1, 0, 0, 0, 100, 0x40})
 	f.Fuzz(func(t *testing.T, synOpts []byte, gso bool, ops []byte) {
 		stream := func(seed byte, off, n int) []byte {
 			b := make([]byte, n)
@@ -96,9 +99,14 @@ func FuzzFlow(f *testing.F) {
 				}
 				h.seq = testIRS + 1 + uint32(off)
 				h.segment(flags, ack, uint16(b), string(stream(1, off, n)))
-			case 1: // a pure ACK
+			case 1: // a pure ACK, with a SACK block anywhere near what was sent (D-SACKs too) when c says so
 				h.seq = testIRS + 1 + uint32(a%6000)
-				h.segment(0, ack, uint16(b), "")
+				seg := Segment{seq: h.seq, ack: ack, flags: tcpACK, wnd: uint16(b), ws: -1}
+				if c&0x40 != 0 {
+					start := una + uint32(b%8000) - 2000
+					seg.sack[0], seg.nSack = seqRange{start, start + uint32(a%3000)}, 1
+				}
+				h.f.Input(seg)
 			case 2: // endpoint bytes
 				if !eof {
 					n := b % 3000

@@ -25,16 +25,26 @@
 //     probes); RFC 6298 (RTT estimation and the RTO, with Linux's 200 ms
 //     floor and 120 s cap); RFC 5681 and RFC 6582 (NewReno congestion
 //     control and recovery, from an initial window of 10, RFC 6928); RFC
-//     2018 and RFC 6675 (SACK both ways, loss declared by SACK); RFC 7323
+//     2018 and RFC 6675 (SACK both ways); RFC 8985 (RACK-TLP: with SACK, a
+//     loss is found by send times, a lost retransmission too, and a tail
+//     loss by a probe); RFC 6937 (proportional rate reduction in a
+//     recovery); RFC 2883 and RFC 3522 (D-SACK and Eifel undo of a
+//     spurious reduction, as Linux's undo_retrans and retrans_stamp); RFC 7323
 //     (window scaling, timestamps, PAWS); RFC 5961 (RST, SYN and ACK
 //     checks, challenge ACKs); RFC 1122 4.2.3.5 and Linux's tcp_retries2
 //     (a flow given up after 924.6 s of unanswered retransmissions).
 //
 // What it leaves out, and why:
-//   - Retransmission is a rewind to the acknowledged point that skips what
-//     the client SACKed, not a queue of segments: the bytes live in the
-//     socket, which can be read from any offset, so there is nothing to
-//     queue. A retransmission lost again waits for the RTO (no RACK-TLP).
+//   - No queue of segments: the bytes live in the socket, which can be read
+//     from any offset. With SACK a flow keeps a record per segment in flight
+//     (its range and send time, sentlog.go) and sends again only what RACK
+//     takes for lost; without SACK, and after a timeout, retransmission is
+//     a rewind to the acknowledged point that skips what the client SACKed.
+//   - RACK's reordering window is at least as long as the reordering seen
+//     was late (reoDelay), where RFC 8985 caps it at the round trip: on a
+//     path whose reordering outlasts its round trip that cap sends every
+//     reordered segment twice.
+//   - NewReno's window growth, not CUBIC's (Linux's default).
 //   - SACK blocks ride on pure ACKs, not on data segments: data segments
 //     keep one header length, which host GSO needs.
 //   - No ECN, no TCP Fast Open, no urgent data (the endpoint socket takes it

@@ -19,8 +19,10 @@ package translate
 //     go, straight into the segment's buffer, and discarded when the client
 //     acknowledges them. Over a link that offloads, a segment holds up to
 //     64 KiB for the kernel to cut at the MSS, its checksum left partial.
-//     A loss (three duplicate ACKs, or SACK blocks past a hole) or a
-//     retransmission timeout rewinds the peek offset to the acknowledged
+//     With SACK, a record per segment in flight (sentlog.go) lets RACK
+//     find what is lost by send times and send only that again (rack.go);
+//     without SACK a loss (three duplicate ACKs), and with or without it a
+//     retransmission timeout, rewinds the peek offset to the acknowledged
 //     point, and what the client SACKed is skipped on the way up again.
 //  3. End: the client's FIN half-closes the socket; the socket's EOF, once
 //     every byte before it is sent, becomes our FIN. A RST either way ends
@@ -118,13 +120,15 @@ type Flow struct {
 	// reported first in our next ACK's SACK blocks (RFC 2883).
 	dsack   seqRange
 	dsackOn bool
-	// hole is the first byte the last loss was declared at, while a
-	// D-SACK of it may still show the loss was none (holeSet).
-	hole    uint32
-	holeSet bool
-	// holeResent and holeDSACKs count the copies of the hole sent again
-	// and the D-SACKs of it: all reported twice, the loss was none.
-	holeResent, holeDSACKs int
+	// The last reduction's undo (Linux's undo_marker, undo_retrans and
+	// retrans_stamp): while undoOn, undoRetrans counts the segments sent
+	// again since it began at undoMarker, less those the client reported
+	// twice (D-SACK); undoTS is the timestamp of the first (undoSent).
+	undoOn      bool
+	undoMarker  uint32
+	undoRetrans int
+	undoTS      uint32
+	undoSent    bool
 	// Tail loss probes (RFC 8985 7), with SACK: tlpDue while a probe may
 	// go for the data in flight, before the RTO; tlpProbing once it went,
 	// up to tlpEnd, until its answer.
@@ -138,9 +142,14 @@ type Flow struct {
 	finSent     bool // our FIN is sndNxt-1
 	finSeen     bool // our FIN was sent: it is sndMax-1
 
-	// Loss recovery and congestion control (xlcc.go, xlsack.go).
+	// Loss recovery and congestion control (reno.go, sack.go, rack.go).
 	sackOK     bool // both ends take SACK
 	score      scoreboard
+	log        sentLog   // with SACK: what is in flight, for RACK (sentlog.go)
+	rack       rackState // rack.go
+	prr        prrState  // rack.go
+	ackTS      bool      // the ACK being taken echoes a timestamp: ackEcr
+	ackEcr     uint32
 	cc         congestionControl
 	inRecovery bool
 	rtt        rttEstimator
@@ -242,6 +251,7 @@ func New(cfg Config, syn Segment) *Flow {
 		ts: syn.ts, tsRecent: syn.tsVal, tsBase: cfg.TSBase, t0: cfg.Now(), peerWS: syn.ws, sackOK: syn.sackOK,
 	}
 	f.kept.budget = cfg.KeptBudget
+	f.log = newSentLog(cfg.ISS + 1)
 	f.advMSS = int(cfg.LinkMSS)
 	f.mss = sendMSS(syn.mss, int(cfg.LinkMSS), cfg.Writer.v6)
 	f.sendMSS = f.mss

@@ -15,8 +15,8 @@ import (
 // never panics, that the socket only ever gets a prefix of the client's
 // byte stream, that every byte sent to the client is the endpoint's at its
 // sequence number and never one already acknowledged, that no segment
-// carries more than the MSS allows, and that the kept segments stay
-// bounded.
+// carries more than the MSS allows, and that the kept segments and the
+// sent log stay bounded and consistent.
 func FuzzFlow(f *testing.F) {
 	mss := func(v uint16) []byte { return []byte{2, 4, byte(v >> 8), byte(v)} }
 	f.Add(append(mss(536), 3, 3, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0), false, []byte{0, 0, 0, 0, 100, 0, 2, 0, 0, 0, 50, 0, 1, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0})
@@ -77,6 +77,9 @@ func FuzzFlow(f *testing.F) {
 			}
 			if h.f.kept.len() > keptSegs || h.f.kept.bytes > keptBytes {
 				t.Fatalf("%d segments kept, %d bytes", h.f.kept.len(), h.f.kept.bytes)
+			}
+			if err := h.f.log.check(); err != nil {
+				t.Fatalf("the sent log: %v", err)
 			}
 		}
 		check()

@@ -71,6 +71,7 @@ func TestFlowSACKSend(t *testing.T) {
 		t.Fatalf("first flight: %v", got)
 	}
 	// The segment at 100 was lost; the client holds [200, 600).
+	h.now = h.now.Add(time.Millisecond) // the flight's round trip
 	h.sackAck(100, 65535, [2]uint32{200, 400})
 	if out := h.take(); len(out) != 0 {
 		t.Fatalf("two segments SACKed: %+v", out)
@@ -381,6 +382,7 @@ func TestFlowTailLossProbe(t *testing.T) {
 	if len(got) != 1 || got[0] != [2]uint32{792, 88} {
 		t.Fatalf("the probe: %v; want the last segment again", got)
 	}
+	h.now = h.now.Add(10 * time.Millisecond) // the probe's round trip
 	h.sackAck(704, 65535, [2]uint32{792, 880})
 	if got := payloads(h.take()); len(got) == 0 || got[0] != [2]uint32{704, 88} || !h.f.inRecovery {
 		t.Fatalf("after the probe's SACK: %v, recovery %v; want the hole at 704", got, h.f.inRecovery)
@@ -397,6 +399,7 @@ func TestFlowLostRetransmission(t *testing.T) {
 	h.sock.queue = bytes.Repeat([]byte("x"), 1000)
 	h.f.Readable()
 	h.take()
+	h.now = h.now.Add(time.Millisecond)        // the flight's round trip
 	h.sackAck(100, 65535, [2]uint32{200, 500}) // recovery: the hole at 100 sent again
 	if got := payloads(h.take()); len(got) == 0 || got[0] != [2]uint32{100, 100} {
 		t.Fatalf("recovery sent %v", got)

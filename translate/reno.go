@@ -15,6 +15,9 @@ type congestionControl interface {
 	// window is the congestion window: the most the flow may have in
 	// flight (RFC 5681 2, cwnd).
 	window() int
+	// ssthreshold is the slow start threshold: where a recovery brings
+	// the window down to.
+	ssthreshold() int
 	// acked reports n bytes newly acknowledged outside loss recovery;
 	// limited says whether the flight was limited by the window (RFC 7661:
 	// an application-limited flow does not grow it).
@@ -61,6 +64,8 @@ func newReno(mss int) *reno {
 }
 
 func (c *reno) window() int { return c.cwnd }
+
+func (c *reno) ssthreshold() int { return c.ssthresh }
 
 func (c *reno) acked(n int, limited bool) {
 	if !limited || n <= 0 {

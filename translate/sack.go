@@ -10,9 +10,8 @@ package translate
 //     our ACKs name what is kept in SACK blocks, and the client resends
 //     only the holes. The kept segments are written once the gap fills.
 //  2. Send: the client's SACK blocks mark what it holds past sndUna (the
-//     scoreboard). A loss is declared after three duplicate ACKs or once
-//     three segments' worth is SACKed past the first hole (RFC 6675 4's
-//     DupThresh), and retransmission skips what is SACKed.
+//     scoreboard, and the sent log's records, sentlog.go). RACK (rack.go)
+//     declares the losses; a rewind after a timeout skips what is SACKed.
 
 import "sync/atomic"
 

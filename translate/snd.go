@@ -84,6 +84,11 @@ func (f *Flow) sendAck() { f.send(0) }
 func (f *Flow) ackInput(s Segment) {
 	wnd := uint32(s.wnd) << f.sndShift
 	d := int32(s.ack - f.sndUna)
+	sackedBefore := 0
+	if f.sackOK {
+		sackedBefore = f.score.sacked(f.sndMax)
+	}
+	f.ackTS, f.ackEcr = f.ts && s.ts && s.tsEcr != 0, s.tsEcr
 	switch {
 	case d > 0:
 		n := int(d)
@@ -107,6 +112,9 @@ func (f *Flow) ackInput(s Segment) {
 			f.finSent = f.finSeen && s.ack == f.sndMax
 		}
 		f.score.ackedTo(s.ack)
+		if f.sackOK {
+			f.log.ackTo(s.ack, f.rackDelivered)
+		}
 		if int32(s.ack-f.tlpEnd) >= 0 {
 			f.tlpProbing = false
 		}
@@ -121,6 +129,7 @@ func (f *Flow) ackInput(s Segment) {
 		case f.inRecovery && int32(s.ack-f.recover) >= 0:
 			f.inRecovery = false // RFC 6582 3.2 step 3: a full acknowledgment
 			f.cc.recovered()
+			f.eifelUndo()
 		case !f.inRecovery:
 			f.cc.acked(int(d), 2*flight >= f.cc.window())
 		}
@@ -148,26 +157,34 @@ func (f *Flow) ackInput(s Segment) {
 		}
 		for _, r := range s.sack[:s.nSack] {
 			f.score.add(r, f.sndUna, end)
+			f.log.sack(r, f.rackDelivered)
 		}
-		if s.nSack > 0 && f.holeSet && f.isDSACK(s) {
-			// The first byte the last loss was declared at, reported
-			// twice: it was never lost.
-			// Every copy sent again reported twice (Linux's undo_retrans
-			// reaching 0): the original had arrived.
-			if b := s.sack[0]; int32(f.hole-b.start) >= 0 && int32(f.hole-b.end) < 0 {
-				if f.holeDSACKs++; f.holeDSACKs >= f.holeResent {
-					f.holeSet = false
-					f.spurious()
-				}
-			}
+		if s.nSack > 0 && f.isDSACK(s) {
+			f.rackDSACK()
+			f.dsackUndo(s.sack[0])
 		}
+		// A loss, with SACK: by RACK (rack.go), or by three duplicate
+		// ACKs from a client that SACKs nothing (RFC 6675 5's fallback).
+		if f.dupAcks >= f.dupThresh && int32(f.sndUna-f.recover) > 0 && !f.inRecovery &&
+			f.score.sacked(f.sndMax) == 0 && f.log.n > 0 {
+			f.log.markLost(f.log.slot(0))
+			f.enterRecovery()
+		}
+		f.rackDetect()
+		if f.inRecovery {
+			// RFC 6937 3.1's DeliveredData: the cumulative ACK's
+			// advance and the change in what is SACKed.
+			f.prrAck(max(int(d), 0) + f.score.sacked(f.sndMax) - sackedBefore)
+		}
+		if f.inRecovery {
+			f.resendLost()
+		}
+		return
 	}
-	// A loss: three segments' worth SACKed past the first hole (RFC 6675
-	// 4, IsLost), or a SACK past it after a tail loss probe (RFC 8985 7);
-	// without SACK, three duplicate ACKs (RFC 5681 3.2), not before the
-	// last recovery's data is acknowledged (RFC 6582 3.2: strictly past
-	// it, or the duplicates a rewind sent would start the next one; a SACK
-	// block tells those apart).
+	// Without SACK, a loss is three duplicate ACKs (RFC 5681 3.2), not
+	// before the last recovery's data is acknowledged (RFC 6582 3.2:
+	// strictly past it, or the duplicates a rewind sent would start the
+	// next one).
 	if f.inRecovery {
 		f.resendLost()
 		return
@@ -175,12 +192,10 @@ func (f *Flow) ackInput(s Segment) {
 	if f.sndMax == f.sndUna {
 		return
 	}
-	sacked := f.score.sacked(f.sndMax)
-	if sacked >= f.dupThresh*f.sendMSS || (f.tlpProbing && sacked > 0) ||
-		(f.dupAcks >= f.dupThresh && int32(f.sndUna-f.recover) > 0) {
+	if f.dupAcks >= f.dupThresh && int32(f.sndUna-f.recover) > 0 {
 		f.cc.lost(f.pipe())
 		f.inRecovery, f.tlpProbing = true, false
-		f.hole, f.holeSet, f.holeResent, f.holeDSACKs = f.sndUna, true, 0, 0
+		f.startUndo()
 		f.rewind()
 	}
 }
@@ -199,17 +214,15 @@ func (f *Flow) isDSACK(s Segment) bool {
 	return s.nSack > 1 && int32(b.start-s.sack[1].start) >= 0 && int32(b.end-s.sack[1].end) <= 0
 }
 
-// spurious takes a D-SACK of the hole a recovery began at: a
-// retransmission the client did not need, so the loss that caused it was a
-// reordering. (D-SACKs of what the rewind sent again past the hole, still
-// in flight then, mean nothing of the sort.) The window's reduction is
-// undone and more reordering is allowed before the next loss is declared
-// (RFC 2883 5, RFC 4015; Linux's tcp_try_undo_dsack and tp->reordering).
-// A D-SACK of a duplicate the network made of the hole's retransmission
-// does the same, once per recovery.
+// spurious takes the proof that a reduction's retransmissions were not
+// needed (dsackUndo, eifelUndo), so that the loss that caused it was a
+// reordering: the window's reduction is undone and more reordering is
+// allowed before the next loss is declared (RFC 2883 5, RFC 4015; Linux's
+// tcp_try_undo_dsack, tcp_try_undo_recovery and tp->reordering).
 func (f *Flow) spurious() {
 	f.cc.undo()
 	f.dupThresh = min(f.dupThresh*2, maxReordering)
+	f.rack.reoSeen = true
 }
 
 // sampleRTT measures the round trip the acknowledgment s closes: by its
@@ -228,9 +241,12 @@ func (f *Flow) sampleRTT(s Segment) {
 }
 
 // pipe is RFC 6675 4's estimate of the bytes in flight: what was sent
-// since the last rewind and is neither acknowledged nor SACKed. What a
-// rewind goes back over counts as lost until it is sent again.
+// and is neither acknowledged nor SACKed nor taken for lost. What a rewind
+// goes back over counts as lost until it is sent again.
 func (f *Flow) pipe() int {
+	if f.sackOK {
+		return f.log.flight
+	}
 	return int(f.sndNxt-f.sndUna) - f.score.sacked(f.sndNxt)
 }
 
@@ -254,7 +270,13 @@ func (f *Flow) pump() {
 			bufPool.Put(bp)
 		}
 	}()
+	if f.sackOK {
+		f.sendLost() // what RACK took for lost goes before new data
+	}
 	for f.state == stateEstablished && !f.finSent {
+		if f.sackOK && f.sndNxt == f.sndMax && f.log.full() {
+			return // the sent log's bound: the client's ACKs free records
+		}
 		limit := 0 // how far before the next SACKed range, 0: no limit
 		if int32(f.sndNxt-f.sndMax) < 0 {
 			from, l := f.score.skip(f.sndNxt)
@@ -275,9 +297,9 @@ func (f *Flow) pump() {
 			return
 		}
 		pipe := f.pipe()
-		cwnd := f.cc.window() - pipe
+		cwnd := f.budget()
 		if cwnd < f.sendMSS {
-			if pipe > 0 {
+			if pipe > 0 || (f.sackOK && f.inRecovery) {
 				return // the ACKs in flight open the congestion window
 			}
 			cwnd = f.sendMSS
@@ -286,11 +308,7 @@ func (f *Flow) pump() {
 			bp = bufPool.Get().(*[]byte)
 		}
 		hl := f.hdrLen()
-		maxSeg := f.sendMSS
-		if f.gso {
-			maxSeg = max(f.sendMSS, (segmentMax-hl)/f.sendMSS*f.sendMSS) // full segments after the cut
-		}
-		n := min(room, cwnd, maxSeg, len(*bp)-hl)
+		n := min(room, cwnd, f.maxSegment(), len(*bp)-hl)
 		if limit > 0 {
 			n = min(n, limit)
 		}
@@ -320,9 +338,15 @@ func (f *Flow) pump() {
 		}
 		if f.sndNxt == f.sndUna && f.sndNxt != f.sndMax {
 			f.headSeq, f.headAt, f.headResends = f.sndNxt, f.now(), 0 // the hole at sndUna sent again
-			f.noteHoleResent(f.sndNxt)
+		}
+		if int32(f.sndNxt-f.sndMax) < 0 {
+			f.noteRetrans(r) // a rewind's pass
 		}
 		f.sendAround(*bp, 0x08, r) // PSH
+		f.noteOut(r)
+		if f.sackOK {
+			f.log.sent(f.sndNxt, f.sndNxt+uint32(r), f.since(), f.sendMSS)
+		}
 		f.sndNxt += uint32(r)
 		f.noteSent()
 		f.rtoArmed = true
@@ -363,6 +387,11 @@ func (f *Flow) resend(start uint32, n int) bool {
 		f.sndNxt = start
 		f.sendAround(*bp, tcpPSH, r)
 		f.sndNxt = next
+		f.noteOut(r)
+		f.noteRetrans(r)
+		if f.sackOK {
+			f.log.sent(start, start+uint32(r), f.since(), f.sendMSS)
+		}
 	}
 	if err := f.sock.SetPeekOffset(int(f.sndNxt - f.sndUna)); err != nil {
 		f.close(true)
@@ -397,7 +426,6 @@ func (f *Flow) resendLost() {
 	if f.resend(f.sndUna, n) {
 		f.headAt = now
 		f.headResends++
-		f.noteHoleResent(f.sndUna)
 	}
 }
 
@@ -405,11 +433,45 @@ func (f *Flow) resendLost() {
 // takes its copy for lost: two round trips, 2 ms at least.
 func (f *Flow) lostWait() time.Duration { return max(2*f.rtt.srtt, 2*time.Millisecond) }
 
-// noteHoleResent counts a copy of the recovery's first hole sent again,
-// if seq is its place.
-func (f *Flow) noteHoleResent(seq uint32) {
-	if f.holeSet && seq == f.hole {
-		f.holeResent++
+// startUndo starts the count of what the reduction beginning now sends
+// again (a recovery or a timeout).
+func (f *Flow) startUndo() {
+	f.undoOn, f.undoMarker, f.undoRetrans, f.undoSent = true, f.sndUna, 0, false
+}
+
+// noteRetrans counts n bytes sent again in a recovery or after a timeout,
+// toward the undo.
+func (f *Flow) noteRetrans(n int) {
+	if !f.undoOn || (!f.inRecovery && f.backoff == 0) {
+		return
+	}
+	f.undoRetrans += (n + f.sendMSS - 1) / f.sendMSS
+	if !f.undoSent {
+		f.undoTS, f.undoSent = f.tsNow(), true
+	}
+}
+
+// dsackUndo takes a D-SACK block b: once every segment the reduction sent
+// again was reported twice, none was lost (Linux's tcp_try_undo_dsack:
+// undo_retrans reaching 0).
+func (f *Flow) dsackUndo(b seqRange) {
+	if !f.undoOn || !f.undoSent || int32(b.start-f.undoMarker) < 0 {
+		return
+	}
+	f.undoRetrans -= max(int(b.end-b.start)/f.sendMSS, 1)
+	if f.undoRetrans <= 0 {
+		f.undoOn = false
+		f.spurious()
+	}
+}
+
+// eifelUndo is the end of a recovery: the ACK's timestamp echo older than
+// the first segment sent again means the originals arrived (RFC 3522;
+// Linux's tcp_packet_delayed).
+func (f *Flow) eifelUndo() {
+	if f.undoOn && f.undoSent && f.ackTS && int32(f.ackEcr-f.undoTS) < 0 {
+		f.undoOn = false
+		f.spurious()
 	}
 }
 

@@ -25,6 +25,11 @@ func (f *Flow) OnRTO() bool {
 		f.close(true) // the client did not complete its handshake in time
 		return false
 	}
+	if f.state == stateEstablished && f.rack.timer > 0 && f.since() >= f.rack.timer {
+		f.rackDetect() // RFC 8985 6.3: the reordering timer
+		f.pump()
+		return f.state != stateClosed
+	}
 	if f.state == stateEstablished && f.headProbing() {
 		f.resendLost() // if due; armed again either way
 		return true
@@ -49,14 +54,19 @@ func (f *Flow) OnRTO() bool {
 		// too (it may have dropped it).
 		if f.retransAt.IsZero() {
 			f.retransAt = now
+			f.startUndo()
 		} else if now.Sub(f.retransAt) >= giveUp {
 			f.close(true)
 			return false
 		}
 		f.backoff++
-		f.cc.timedOut(f.pipe())
+		f.cc.timedOut(int(f.sndMax - f.sndUna)) // RFC 5681 3.1's FlightSize
 		f.inRecovery = false
 		f.score.clear()
+		if f.sackOK {
+			f.log.allLost()
+			f.rack.timer = 0
+		}
 		f.rewind()
 	case f.sndWnd == 0 && f.pending():
 		// A window probe: an old sequence number draws an ACK with the
@@ -92,6 +102,9 @@ func (f *Flow) rtoDelay() time.Duration {
 	}
 	if f.state == stateEstablished && f.headProbing() {
 		d = min(d, max(f.lostWait()-f.now().Sub(f.headAt), time.Millisecond))
+	}
+	if f.state == stateEstablished && f.rack.timer > 0 {
+		d = min(d, max(f.rack.timer-f.since(), time.Millisecond))
 	}
 	if f.state == stateSynRcvd && !f.hsDeadline.IsZero() {
 		d = min(d, max(f.hsDeadline.Sub(f.now()), time.Millisecond))

@@ -101,9 +101,11 @@ image: ## (root) the container image with buildah: the static binary, FROM scrat
 	@if [ "$$(id -u)" != 0 ]; then echo "make image needs root (setcap, and buildah's storage)" >&2; exit 1; fi
 	@command -v buildah >/dev/null || { echo "make image needs buildah (apt-get install buildah)" >&2; exit 1; }
 	@PATH="$$PATH:/usr/sbin:/sbin" command -v setcap >/dev/null || { echo "make image needs setcap (apt-get install libcap2-bin)" >&2; exit 1; }
-	mkdir -p $(IMAGE_CONTEXT)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(VERSION)' -o $(IMAGE_CONTEXT)/userproxy ./cmd/userproxy
-	PATH="$$PATH:/usr/sbin:/sbin" setcap cap_net_admin=ep $(IMAGE_CONTEXT)/userproxy
+	rm -rf $(IMAGE_CONTEXT)/rootfs
+	mkdir -p $(IMAGE_CONTEXT)/rootfs/usr/local/bin
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(VERSION)' -o $(IMAGE_CONTEXT)/rootfs/userproxy ./cmd/userproxy
+	PATH="$$PATH:/usr/sbin:/sbin" setcap cap_net_admin=ep $(IMAGE_CONTEXT)/rootfs/userproxy
+	ln -f $(IMAGE_CONTEXT)/rootfs/userproxy $(IMAGE_CONTEXT)/rootfs/usr/local/bin/kube-proxy
 	cp Containerfile $(IMAGE_CONTEXT)/Containerfile
 	$(BUILDAH) bud --isolation chroot --layers=false \
 		--label org.opencontainers.image.version=$(VERSION) \

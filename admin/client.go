@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -23,6 +24,15 @@ const maxResponse = 256 << 20
 // server is local) and no idle connections left behind.
 var httpClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
 
+// unixClient talks to the control socket at path.
+func unixClient(path string) *http.Client {
+	return &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}}}
+}
+
 // FetchConntrack returns the entries of the proxy at adminAddr that q
 // selects, one `conntrack -L` line each, sorted. adminAddr is "host:port"
 // or a base URL such as "http://host:port"; "" means DefaultAddr.
@@ -32,7 +42,8 @@ func FetchConntrack(ctx context.Context, adminAddr string, q ConntrackQuery) (st
 
 // FlushConntrack deletes the entries of the proxy at adminAddr that q
 // selects (the zero query deletes them all, like `conntrack -F`) and
-// returns how many it deleted.
+// returns how many it deleted. adminAddr is the control socket as
+// "unix:PATH": only it serves the flush.
 func FlushConntrack(ctx context.Context, adminAddr string, q ConntrackQuery) (int, error) {
 	body, err := call(ctx, http.MethodPost, adminAddr, "/debug/conntrack/flush", queryOf(q))
 	if err != nil {
@@ -85,6 +96,9 @@ func baseURL(adminAddr string) string {
 	if adminAddr == "" {
 		adminAddr = DefaultAddr
 	}
+	if strings.HasPrefix(adminAddr, "unix:") {
+		return "http://control"
+	}
 	if strings.Contains(adminAddr, "://") {
 		return strings.TrimSuffix(adminAddr, "/")
 	}
@@ -102,9 +116,14 @@ func call(ctx context.Context, method, adminAddr, path string, q url.Values) (st
 	if err != nil {
 		return "", fmt.Errorf("admin: %w", err)
 	}
-	resp, err := httpClient.Do(req)
+	client := httpClient
+	where := baseURL(adminAddr)
+	if path, ok := strings.CutPrefix(adminAddr, "unix:"); ok {
+		client, where = unixClient(path), "control socket "+path
+	}
+	resp, err := client.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("admin server at %s: %w", baseURL(adminAddr), err)
+		return "", fmt.Errorf("%s: %w", where, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))

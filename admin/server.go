@@ -19,7 +19,10 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -101,6 +104,17 @@ type Config struct {
 	// ends; zero means DefaultShutdownTimeout. Requests still running
 	// after it are cut.
 	ShutdownTimeout time.Duration
+	// ProxyMode is /proxyMode's answer, as kube-proxy's metrics server
+	// gives it (iptables, ipvs or nftables; cmd/kube-proxy/app/server.go).
+	ProxyMode string
+	// Configz returns /configz's JSON (kube-proxy's: the effective
+	// KubeProxyConfiguration under "kubeproxy.config.k8s.io"); nil: 404.
+	Configz func() ([]byte, error)
+	// Control marks the server on the control socket (ListenControl): it
+	// alone serves what changes the proxy's state, the conntrack flush. A
+	// server on a TCP address, which admins expose for Prometheus as
+	// they expose kube-proxy's metrics address, refuses it.
+	Control bool
 }
 
 // Server is the admin HTTP server. Its handler is safe for concurrent use;
@@ -149,6 +163,8 @@ func New(cfg Config) *Server {
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
 	mux.HandleFunc("GET /debug/dns", s.dns)
+	mux.HandleFunc("GET /proxyMode", s.proxyMode)
+	mux.HandleFunc("GET /configz", s.configz)
 	s.handler = mux
 	return s
 }
@@ -239,10 +255,64 @@ func (s *Server) index(w http.ResponseWriter, _ *http.Request) {
 /readyz                  200 once the first service table is live and /healthz passes (for scripts that wait for the proxy to serve)
 /metrics                 Prometheus metrics
 /debug/conntrack         conntrack entries, conntrack -L style (?protocol=tcp|udp&service=ns/name[:port]&src=&dst=&endpoint=)
-/debug/conntrack/flush   POST: delete the entries the same parameters select; answers the number deleted
+/debug/conntrack/flush   POST, on the control socket only: delete the entries the same parameters select; answers the number deleted
+/proxyMode               kube-proxy's: the proxy mode (iptables, ipvs, nftables)
+/configz                 kube-proxy's: the effective KubeProxyConfiguration (kube-proxy mode only)
 /debug/services          service ports, their endpoints, skipped services
 /debug/rules             the iptables rules kube-proxy would write (?format=save|restore&family=4|6)
 /debug/ipvs              the table as ipvsadm -Ln lists it in kube-proxy's IPVS mode (?stats=1 or ?rate=1)
 /debug/dns               the cluster DNS responder: addresses, whether it steps aside for a Service, queries
 `)
+}
+
+// proxyMode answers the mode without a newline, as kube-proxy does.
+func (s *Server) proxyMode(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.ProxyMode == "" {
+		writeText(w, http.StatusNotFound, "no proxy mode configured\n")
+		return
+	}
+	writeText(w, http.StatusOK, s.cfg.ProxyMode)
+}
+
+// configz answers the effective configuration, as kube-proxy's
+// component-base/configz does.
+func (s *Server) configz(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.Configz == nil {
+		writeText(w, http.StatusNotFound, "no configuration file: /configz is served in kube-proxy mode (userproxy kube-proxy)\n")
+		return
+	}
+	body, err := s.cfg.Configz()
+	if err != nil {
+		writeText(w, http.StatusInternalServerError, err.Error()+"\n")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	_, _ = w.Write(body)
+}
+
+// ListenControl binds the control socket at path, a unix socket only its
+// owner may use (mode 0600, in a directory made 0700 if missing): it
+// serves what changes the proxy's state. A socket file left by a proxy
+// that is gone is replaced; one a running proxy answers on is refused.
+func (s *Server) ListenControl(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("control socket %s: %w", path, err)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("control socket %s: another userproxy is serving it (stop it, or give this one another --control-socket)", path)
+	}
+	_ = os.Remove(path) // a stale socket file
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("control socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("control socket %s: %w", path, err)
+	}
+	return ln, nil
 }

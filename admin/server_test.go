@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -258,7 +260,7 @@ func TestConntrackFlush(t *testing.T) {
 		{"?service=ns9/none", 0, []string{"40001", "40002", "40004", "40003", "40005"}},
 	}
 	for _, tt := range tests {
-		h := admin.New(admin.Config{Conntrack: conntrackTable(t, testFlows...)}).Handler()
+		h := admin.New(admin.Config{Conntrack: conntrackTable(t, testFlows...), Control: true}).Handler()
 		code, body := get(t, h, "POST", "/debug/conntrack/flush"+tt.query)
 		if code != 200 || body != fmt.Sprintf("%d\n", tt.deleted) {
 			t.Errorf("flush %s: %d %q, want 200 %d", tt.query, code, body, tt.deleted)
@@ -268,7 +270,15 @@ func TestConntrackFlush(t *testing.T) {
 			t.Errorf("after flush %s, left (-want +got):\n%s", tt.query, diff)
 		}
 	}
+	// Not on a TCP address: the metrics address may be exposed.
 	h := admin.New(admin.Config{Conntrack: conntrackTable(t, testFlows...)}).Handler()
+	if code, body := get(t, h, "POST", "/debug/conntrack/flush"); code != http.StatusForbidden || !strings.Contains(body, "control socket") {
+		t.Errorf("flush off the control socket: %d %q; want 403 naming the control socket", code, body)
+	}
+	if _, body := get(t, h, "GET", "/debug/conntrack"); len(sports(body)) != 5 {
+		t.Errorf("entries were deleted by a refused flush:\n%s", body)
+	}
+	h = admin.New(admin.Config{Conntrack: conntrackTable(t, testFlows...), Control: true}).Handler()
 	if code, _ := get(t, h, "GET", "/debug/conntrack/flush"); code != http.StatusMethodNotAllowed {
 		t.Errorf("GET flush: status %d", code)
 	}
@@ -435,16 +445,40 @@ func TestServeAndClient(t *testing.T) {
 	if diff := cmp.Diff([]string{"40001", "40002"}, sports(list)); diff != "" {
 		t.Errorf("FetchConntrack (-want +got):\n%s", diff)
 	}
-	n, err := admin.FlushConntrack(ctx, "http://"+addr+"/", admin.ConntrackQuery{Service: "ns1/web"})
+	if _, err := admin.FlushConntrack(ctx, "http://"+addr+"/", admin.ConntrackQuery{Service: "ns1/web"}); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("FlushConntrack over TCP: %v; want 403", err)
+	}
+	// The control socket serves it, to its owner only.
+	ctl := admin.New(admin.Config{Conntrack: ct, Control: true})
+	sock := filepath.Join(t.TempDir(), "run", "ctl.sock")
+	cln, err := ctl.ListenControl(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("control socket mode: %v, %v; want 0600", fi.Mode(), err)
+	}
+	if _, err := ctl.ListenControl(sock); err == nil || !strings.Contains(err.Error(), "another userproxy") {
+		t.Errorf("a second ListenControl on a served socket: %v", err)
+	}
+	ctlDone := make(chan error, 1)
+	go func() { ctlDone <- ctl.ServeListener(ctx, cln) }()
+	n, err := admin.FlushConntrack(ctx, "unix:"+sock, admin.ConntrackQuery{Service: "ns1/web"})
 	if err != nil || n != 3 {
 		t.Errorf("FlushConntrack: %d, %v; want 3", n, err)
 	}
 	if ct.Len() != 2 {
 		t.Errorf("%d entries left, want 2", ct.Len())
 	}
-	if _, err := admin.FlushConntrack(ctx, addr, admin.ConntrackQuery{Protocol: "icmp"}); err == nil || !strings.Contains(err.Error(), `protocol "icmp": want tcp or udp`) {
+	if _, err := admin.FlushConntrack(ctx, "unix:"+sock, admin.ConntrackQuery{Protocol: "icmp"}); err == nil || !strings.Contains(err.Error(), `protocol "icmp": want tcp or udp`) {
 		t.Errorf("bad query: %v", err)
 	}
+	defer func() {
+		cancel()
+		if err := <-ctlDone; err != nil {
+			t.Errorf("control ServeListener: %v", err)
+		}
+	}()
 	got, err := admin.FetchRules(ctx, addr, rules.FormatRestore, service.IPv4)
 	if err != nil {
 		t.Fatal(err)
@@ -529,5 +563,28 @@ SRV NXDOMAIN 1
 	}
 	if diff := cmp.Diff(want, body); diff != "" {
 		t.Errorf("/debug/dns (-want +got):\n%s", diff)
+	}
+}
+
+// TestProxyModeAndConfigz: kube-proxy's /proxyMode (the mode, no newline)
+// and /configz (JSON), as cmd/kube-proxy/app/server.go serves them; 404
+// when not configured.
+func TestProxyModeAndConfigz(t *testing.T) {
+	h := admin.New(admin.Config{ProxyMode: "ipvs", Configz: func() ([]byte, error) {
+		return []byte(`{"kubeproxy.config.k8s.io":{"mode":"ipvs"}}`), nil
+	}}).Handler()
+	if code, body := get(t, h, "GET", "/proxyMode"); code != http.StatusOK || body != "ipvs" {
+		t.Errorf("/proxyMode: %d %q", code, body)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/configz", nil))
+	if rec.Code != http.StatusOK || rec.Header().Get("Content-Type") != "application/json" || !strings.Contains(rec.Body.String(), `"mode":"ipvs"`) {
+		t.Errorf("/configz: %d %q %s", rec.Code, rec.Header().Get("Content-Type"), rec.Body.String())
+	}
+	h = admin.New(admin.Config{}).Handler()
+	for _, path := range []string{"/proxyMode", "/configz"} {
+		if code, _ := get(t, h, "GET", path); code != http.StatusNotFound {
+			t.Errorf("%s unconfigured: %d; want 404", path, code)
+		}
 	}
 }

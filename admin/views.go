@@ -152,6 +152,10 @@ func (s *Server) conntrackList(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) conntrackFlush(w http.ResponseWriter, r *http.Request) {
+	if !s.cfg.Control {
+		writeText(w, http.StatusForbidden, "the conntrack flush resets flows: it is served on the control socket only (userproxy conntrack flush), not on a TCP address\n")
+		return
+	}
 	if s.cfg.Conntrack == nil {
 		writeText(w, http.StatusServiceUnavailable, "no conntrack table configured\n")
 		return

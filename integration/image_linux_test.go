@@ -103,20 +103,33 @@ func TestImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(files, []string{"userproxy"}) {
-		t.Errorf("image holds %q, want only userproxy (no shell, nothing else)", files)
+	if !slices.Equal(files, []string{"userproxy", "usr", "usr/local", "usr/local/bin", "usr/local/bin/kube-proxy"}) {
+		t.Errorf("image holds %q, want only userproxy and its link /usr/local/bin/kube-proxy (no shell, nothing else)", files)
 	}
 	bin := filepath.Join(root, "userproxy")
 	checkFileCaps(t, bin)
 	checkStaticBuild(t, bin)
+	// kube-proxy's DaemonSet runs /usr/local/bin/kube-proxy: the same
+	// file, not a second copy.
+	var a, b unix.Stat_t
+	if err := unix.Stat(bin, &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(filepath.Join(root, "usr/local/bin/kube-proxy"), &b); err != nil || a.Ino != b.Ino {
+		t.Errorf("/usr/local/bin/kube-proxy: %v, inode %d; want a hard link to /userproxy (inode %d)", err, b.Ino, a.Ino)
+	}
 
 	// 4. userproxy version in the image, with NET_ADMIN granted (as the
 	// manifests do) ...
 	start = time.Now()
 	out := must(append(buildah, "run", "--isolation", "chroot", "--cap-add", "CAP_NET_ADMIN", ctr, "--", "/userproxy", "version")...)
 	t.Logf("buildah run userproxy version: %v: %s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(out))
-	if want := "userproxy " + version + "\n"; out != want {
-		t.Errorf("userproxy version printed %q, want %q", out, want)
+	if want := "userproxy " + version + "\n"; !strings.HasPrefix(out, want) {
+		t.Errorf("userproxy version printed %q, want it to start with %q", out, want)
+	}
+	out = must(append(buildah, "run", "--isolation", "chroot", "--cap-add", "CAP_NET_ADMIN", ctr, "--", "/usr/local/bin/kube-proxy", "--version")...)
+	if want := "Kubernetes v1.37.2 (userproxy " + version + ")\n"; out != want {
+		t.Errorf("kube-proxy --version printed %q, want %q", out, want)
 	}
 	// ... and without it: the kernel refuses a binary whose file
 	// capabilities it cannot grant.

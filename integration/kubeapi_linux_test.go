@@ -27,6 +27,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/userproxy/userproxy/integration/kubeapi"
 )
@@ -46,12 +47,21 @@ func requireKubeBinaries(t *testing.T) kubeapi.Binaries {
 	return b
 }
 
-func TestBinaryKubeAPIServer(t *testing.T) {
+// kubeAPIRig is the topology above: U with the control plane and a client,
+// B with the endpoints a and b (diffBackend(0), (1) on diffTCPPort).
+type kubeAPIRig struct {
+	uName   string
+	u       *binNS
+	cluster *kubeapi.Cluster
+	cs      kubernetes.Interface
+	dir     string
+}
+
+// startKubeAPIRig builds the namespaces, the endpoints (serve gives each
+// endpoint's handler by its name) and the control plane.
+func startKubeAPIRig(t *testing.T, ctx context.Context, serve func(name string) func(net.Conn)) *kubeAPIRig {
 	requireRoot(t)
 	bins := requireKubeBinaries(t)
-	bin := userproxyBinary(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
 
 	// The namespaces, the veth, the endpoints.
 	uNS, uName := newNetNS(t)
@@ -90,7 +100,7 @@ func TestBinaryKubeAPIServer(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		serveTCP(t, ln, nameServer(name))
+		serveTCP(t, ln, serve(name))
 	}
 
 	// The control plane, inside U.
@@ -118,18 +128,36 @@ func TestBinaryKubeAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return &kubeAPIRig{uName: uName, u: &binNS{t: t, ns: uNS, name: uName, c: uc}, cluster: cluster, cs: cs, dir: dir}
+}
 
-	// A Service; the API server picks its ClusterIP.
+// createTCPService creates the Service name in default with one TCP port
+// to diffTCPPort, and returns its ClusterIP:port, which the API server
+// picked.
+func createTCPService(t *testing.T, ctx context.Context, cs kubernetes.Interface, name, portName string, port int32) string {
+	t.Helper()
 	svc, err := cs.CoreV1().Services("default").Create(ctx, &v1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: v1.ServiceSpec{Ports: []v1.ServicePort{
-			{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(diffTCPPort)},
+			{Name: portName, Protocol: v1.ProtocolTCP, Port: port, TargetPort: intstr.FromInt32(diffTCPPort)},
 		}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	vip := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80).String()
+	return netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), uint16(port)).String()
+}
+
+func TestBinaryKubeAPIServer(t *testing.T) {
+	bin := userproxyBinary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rig := startKubeAPIRig(t, ctx, nameServer)
+	uName, cluster, cs, u := rig.uName, rig.cluster, rig.cs, rig.u
+	var err error
+
+	// A Service; the API server picks its ClusterIP.
+	vip := createTCPService(t, ctx, cs, "web", "http", 80)
 	slice := func(i int) *discoveryv1.EndpointSlice {
 		port, proto, ready := int32(diffTCPPort), v1.ProtocolTCP, true
 		name := "http"
@@ -146,7 +174,6 @@ func TestBinaryKubeAPIServer(t *testing.T) {
 	}
 
 	// The binary, watching the API server.
-	u := &binNS{t: t, ns: uNS, name: uName, c: uc}
 	p := startProc(t, "ip", "netns", "exec", uName, bin, "run", "--kubeconfig", cluster.Kubeconfig(),
 		"--tun-name", "upxk0", "--service-cidr", kubeapi.ServiceCIDRs[0].String(), "--min-sync-period", "0",
 		"--node-name", "node-a", "--log-format", "json", "--log-level", "info")

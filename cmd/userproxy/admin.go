@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,6 +44,35 @@ type adminDeps struct {
 	proxierHealth *admin.ProxierHealth
 	dial          func() admin.DialView
 	pf            *kube.PortForwarder // nil with --dial-via direct
+	proxyMode     string              // /proxyMode
+	configz       func() ([]byte, error)
+}
+
+// proxyModeOf is /proxyMode's answer: kube-proxy's mode as configured, or
+// for run the mode whose semantics its scheduler follows.
+func proxyModeOf(f *runFlags) string {
+	switch {
+	case f.proxyMode != "":
+		return f.proxyMode
+	case f.scheduler == "random":
+		return modeIPTables
+	}
+	return modeIPVS
+}
+
+// defaultControlSocket is --control-socket's default: under /run/userproxy
+// for root, else under the user's runtime directory, named after the TUN
+// (one proxy per TUN).
+func defaultControlSocket(tun string) string {
+	dir := "/run/userproxy"
+	if os.Geteuid() != 0 {
+		dir = os.Getenv("XDG_RUNTIME_DIR")
+		if dir == "" {
+			dir = os.TempDir()
+		}
+		dir = filepath.Join(dir, fmt.Sprintf("userproxy-%d", os.Geteuid()))
+	}
+	return filepath.Join(dir, tun+".sock")
 }
 
 // servedFamilies returns the families of the service CIDRs, IPv4 first.
@@ -62,9 +93,15 @@ func servedFamilies(cidrs []netip.Prefix) []service.Family {
 
 // startAdmin serves the admin endpoints on addr until ctx ends; the returned
 // function waits for the server to stop.
-func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logger) (func(), error) {
+func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *zap.Logger) (func(), error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	b := readBuildInfo()
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "userproxy_build_info",
+		Help:        "Always 1: the version of this binary, its commit and the Go version that built it, as labels.",
+		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
+	}, func() float64 { return 1 }))
 	sources := admin.Sources{
 		Conntrack: d.ct,
 		Proxy:     d.px,
@@ -104,6 +141,8 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 		Dial:      d.dial,
 		Notes:     d.notes,
 		Profiling: d.profiling,
+		ProxyMode: d.proxyMode,
+		Configz:   d.configz,
 	}
 	if d.dns != nil { // a nil *Responder in an interface would not be nil
 		sources.DNS, cfg.DNS = d.dns, d.dns
@@ -116,14 +155,39 @@ func startAdmin(ctx context.Context, addr string, d adminDeps, logger *zap.Logge
 	if err != nil {
 		return nil, fmt.Errorf("admin: %w", err)
 	}
-	done := make(chan struct{})
+	done := make(chan struct{}, 2)
 	go func() { // admin server
-		defer close(done)
+		defer func() { done <- struct{}{} }()
 		if err := srv.ServeListener(ctx, ln); err != nil {
 			logger.Error("admin server stopped", zap.Error(err))
 		}
 	}()
-	return func() { <-done }, nil
+	servers := 1
+	if control != "none" {
+		// The control socket: the same routes, the flush among them.
+		cc := cfg
+		cc.Control = true
+		ctl := admin.New(cc)
+		cln, err := ctl.ListenControl(control)
+		if err != nil {
+			// Not fatal: the proxy serves; only the flush is missing.
+			logger.Warn("no control socket: userproxy conntrack flush cannot reach this proxy", zap.Error(err))
+		} else {
+			servers++
+			go func() {
+				defer func() { done <- struct{}{} }()
+				if err := ctl.ServeListener(ctx, cln); err != nil {
+					logger.Error("control socket stopped", zap.Error(err))
+				}
+				_ = os.Remove(control)
+			}()
+		}
+	}
+	return func() {
+		for range servers {
+			<-done
+		}
+	}, nil
 }
 
 // sourceHealth reports the source's last error: a bad reload (the last good

@@ -15,17 +15,19 @@ import (
 // through its admin server.
 func runConntrack(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || (args[0] != "list" && args[0] != "flush") {
-		return errors.New("usage: userproxy conntrack list|flush [--admin-addr ADDR] [--protocol tcp|udp] [--service NS/NAME[:PORT]]")
+		return usageErr(errors.New("usage: userproxy conntrack list|flush [--admin-addr ADDR] [--control-socket PATH] [--protocol tcp|udp] [--service NS/NAME[:PORT]]"))
 	}
 	verb := args[0]
 	fs := flag.NewFlagSet("conntrack "+verb, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("admin-addr", defaultAdminAddr, "admin address of the running proxy")
+	addr := fs.String("admin-addr", defaultAdminAddr, "admin address of the running proxy (list)")
+	tun := fs.String("tun-name", "userproxy0", "the running proxy's TUN device, which names its control socket (flush)")
+	control := fs.String("control-socket", "", "the running proxy's control socket (flush; default: its --control-socket default for --tun-name)")
 	var q admin.ConntrackQuery
 	fs.StringVar(&q.Protocol, "protocol", "", "only entries of this protocol (tcp or udp)")
 	fs.StringVar(&q.Service, "service", "", "only entries of this service (ns/name) or service port (ns/name:port)")
 	fs.StringVar(&q.Endpoint, "endpoint", "", "only entries bound to this endpoint address")
-	if err := fs.Parse(args[1:]); err != nil {
+	if help, err := parseArgs(fs, args[1:], stdout, conntrackAbout); help || err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -38,9 +40,13 @@ func runConntrack(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		_, err = io.WriteString(stdout, out)
 		return err
 	}
-	n, err := admin.FlushConntrack(ctx, *addr, q)
+	path := *control
+	if path == "" {
+		path = defaultControlSocket(*tun)
+	}
+	n, err := admin.FlushConntrack(ctx, "unix:"+path, q)
 	if err != nil {
-		return fmt.Errorf("conntrack flush: %w: %w", errNoAdmin, err)
+		return fmt.Errorf("conntrack flush: %w (the flush goes through the proxy's control socket, which only its user, root on a node, may use): %w", errNoAdmin, err)
 	}
 	fmt.Fprintf(stdout, "userproxy: %d flow entries have been deleted.\n", n)
 	return nil

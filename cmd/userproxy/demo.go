@@ -30,7 +30,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	seed := fs.Uint64("seed", 0, "random seed (0: random; the seed used is logged)")
 	var lf logFlags
 	lf.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if help, err := parseArgs(fs, args, stdout, demoAbout); help || err != nil {
 		return err
 	}
 	switch {

@@ -18,7 +18,7 @@ func runIPVS(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	addr := fs.String("admin-addr", defaultAdminAddr, "admin address of the running proxy")
 	stats := fs.Bool("stats", false, "connections, packets and bytes, as ipvsadm -Ln --stats")
 	rate := fs.Bool("rate", false, "the same per second, as ipvsadm -Ln --rate (--stats wins over it, as in ipvsadm)")
-	if err := fs.Parse(args); err != nil {
+	if help, err := parseArgs(fs, args, stdout, ipvsAbout); help || err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -8,14 +8,12 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 // defaultAdminAddr is where run serves /metrics and /debug, and where the
 // conntrack, rules and ipvs commands find a running proxy.
@@ -30,6 +28,7 @@ Usage:
   userproxy rules [--config FILE]     the iptables-save lines kube-proxy would write for the same objects
   userproxy ipvs [--stats|--rate]     the service table of a running proxy, as ipvsadm -Ln lists it
   userproxy demo [flags]              the endpoint lottery and ClientIP affinity on simulated connections
+  userproxy kube-proxy [flags]        kube-proxy's command line and KubeProxyConfiguration (also as a binary named kube-proxy)
   userproxy version                   print the version
 
 Run "userproxy <command> -h" for a command's flags.
@@ -48,14 +47,30 @@ func main() {
 		fmt.Fprintln(os.Stderr, "userproxy: second signal: exiting without cleanup")
 		os.Exit(1)
 	}()
-	err := runMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	args := os.Args[1:]
+	if filepath.Base(os.Args[0]) == "kube-proxy" {
+		// kube-proxy's DaemonSet runs /usr/local/bin/kube-proxy: the
+		// image links it to this binary.
+		args = append([]string{"kube-proxy"}, args...)
+	}
+	err := runMain(ctx, args, os.Stdout, os.Stderr)
 	cancel()
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "userproxy:", err)
 		}
-		os.Exit(2)
+		os.Exit(exitCode(err))
 	}
+}
+
+// exitCode is 2 for a usage error (a flag, an argument, a missing
+// command), 1 for any other failure.
+func exitCode(err error) int {
+	var u usageError
+	if errors.Is(err, flag.ErrHelp) || errors.As(err, &u) {
+		return 2
+	}
+	return 1
 }
 
 // runMain dispatches a subcommand; it is main without the process exit, so
@@ -78,15 +93,22 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return runIPVS(ctx, args[1:], stdout, stderr)
 	case "demo":
 		return runDemo(ctx, args[1:], stdout, stderr)
-	case "version":
-		fmt.Fprintln(stdout, "userproxy", version)
+	case "kube-proxy":
+		return runKubeProxy(ctx, args[1:], stdout, stderr)
+	case "version", "--version", "-version":
+		b := readBuildInfo()
+		fmt.Fprintln(stdout, "userproxy", b.Version)
+		if b.Revision != "" {
+			fmt.Fprintf(stdout, "  commit %s %s (modified: %v)\n", b.Revision, b.Time, b.Modified)
+		}
+		fmt.Fprintf(stdout, "  %s, kube-proxy %s's command line and configuration\n", b.GoVersion, kubeProxyVersion)
 		return nil
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil
 	default:
 		fmt.Fprint(stderr, usage)
-		return fmt.Errorf("unknown command %q", args[0])
+		return usageErr(fmt.Errorf("unknown command %q", args[0]))
 	}
 }
 

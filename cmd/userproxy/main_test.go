@@ -132,3 +132,69 @@ func TestRulesNodePortAddresses(t *testing.T) {
 		t.Errorf("rules output has the match-all nodeports rule\n%s", out.String())
 	}
 }
+
+// TestHelp: every command's --help goes to stdout and succeeds, with what
+// the command does, examples and its flags; kube-proxy's too, with
+// kube-proxy's flag names.
+func TestHelp(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"run", "--help"}, []string{"Examples:", "-conntrack-max", "-control-socket"}},
+		{[]string{"run", "-h"}, []string{"-service-cidr"}},
+		{[]string{"setup", "--help"}, []string{"Examples:", "-user"}},
+		{[]string{"conntrack", "flush", "--help"}, []string{"Examples:", "-control-socket"}},
+		{[]string{"rules", "--help"}, []string{"Examples:"}},
+		{[]string{"ipvs", "--help"}, []string{"Examples:"}},
+		{[]string{"demo", "--help"}, []string{"Examples:"}},
+		{[]string{"kube-proxy", "--help"}, []string{"Examples:", "--hostname-override", "--ipvs-scheduler", "--conntrack-max-per-core", "--write-config-to"}},
+		{[]string{"kube-proxy", "-h"}, []string{"--config string"}},
+	} {
+		var out, errOut bytes.Buffer
+		if err := runMain(context.Background(), tt.args, &out, &errOut); err != nil {
+			t.Errorf("%v: %v", tt.args, err)
+			continue
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%v: stdout lacks %q:\n%s", tt.args, w, out.String())
+			}
+		}
+		if errOut.Len() != 0 {
+			t.Errorf("%v: wrote to stderr: %s", tt.args, errOut.String())
+		}
+	}
+}
+
+// TestExitCodes: a usage error exits 2, any other failure 1 (main's
+// exitCode); kube-proxy's --version answers and exits 0.
+func TestExitCodes(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"nosuchcommand"}, 2},
+		{[]string{"run", "--nosuchflag"}, 2},
+		{[]string{"run", "services.yaml"}, 2},
+		{[]string{"kube-proxy", "--nosuchflag"}, 2},
+		{[]string{"kube-proxy", "extra"}, 2},
+		{[]string{"kube-proxy", "--config", "/nonexistent/config.conf"}, 1},
+		{[]string{"kube-proxy", "--proxy-mode", "userspace", "--write-config-to", "/dev/null"}, 1},
+		{[]string{"run", "--config", "a.yaml", "--kubeconfig", "k"}, 1},
+	} {
+		var out, errOut bytes.Buffer
+		err := runMain(context.Background(), tt.args, &out, &errOut)
+		if err == nil || exitCode(err) != tt.code {
+			t.Errorf("%v: %v, exit code %d; want %d", tt.args, err, exitCode(err), tt.code)
+		}
+	}
+	var out, errOut bytes.Buffer
+	if err := runMain(context.Background(), []string{"kube-proxy", "--version"}, &out, &errOut); err != nil || !strings.HasPrefix(out.String(), "Kubernetes v1.37.2 (userproxy ") {
+		t.Errorf("kube-proxy --version: %v %q", err, out.String())
+	}
+	out.Reset()
+	if err := runMain(context.Background(), []string{"version"}, &out, &errOut); err != nil || !strings.Contains(out.String(), "go1.") {
+		t.Errorf("version: %v %q", err, out.String())
+	}
+}

@@ -16,7 +16,9 @@ const defaultNodePortAddresses = "127.0.0.0/8,::1/128"
 
 // parseNodePortAddresses parses --nodeport-addresses, kube-proxy's syntax:
 // a comma-separated list of CIDRs (host bits dropped, as kube-proxy's
-// sloppy parsing does) and the keyword "primary".
+// sloppy parsing does) and the keywords "primary", "localhost" (127.0.0.0/8
+// and ::1/128) and "all" (every address), as kube-proxy v1.37 expands them
+// (cmd/kube-proxy/app/server.go expandNodePortAddressKeywords).
 func parseNodePortAddresses(spec string) (cidrs []netip.Prefix, primary bool, err error) {
 	for _, part := range strings.Split(spec, ",") {
 		part = strings.TrimSpace(part)
@@ -26,10 +28,16 @@ func parseNodePortAddresses(spec string) (cidrs []netip.Prefix, primary bool, er
 		case "primary":
 			primary = true
 			continue
+		case "localhost":
+			cidrs = append(cidrs, netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"))
+			continue
+		case "all":
+			cidrs = append(cidrs, netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0"))
+			continue
 		}
 		p, err := netip.ParsePrefix(part)
 		if err != nil {
-			return nil, false, fmt.Errorf("--nodeport-addresses: %q: want CIDRs or \"primary\": %w", part, err)
+			return nil, false, fmt.Errorf("--nodeport-addresses: %q: want CIDRs or \"primary\", \"localhost\", \"all\": %w", part, err)
 		}
 		cidrs = append(cidrs, p.Masked())
 	}

@@ -34,7 +34,7 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Var(&npAddrs, "nodeport-addresses", "with --config, kube-proxy's --nodeport-addresses: comma-separated CIDRs whose addresses on this host NodePorts answer on (default: all local addresses; \"primary\" is refused)")
 	noLocalhostNP := fs.Bool("no-localhost-nodeports", false, "with --config, as kube-proxy's --iptables-localhost-nodeports=false: no NodePorts on 127.0.0.0/8")
 	nfacct := fs.Bool("nfacct", false, "with --config, as when kube-proxy's nfacct counters exist on the node: print its nfacct matches")
-	if err := fs.Parse(args); err != nil {
+	if help, err := parseArgs(fs, args, stdout, rulesAbout); help || err != nil {
 		return err
 	}
 	f, err := rules.ParseFormat(*format)

@@ -27,6 +27,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,6 +70,7 @@ type runFlags struct {
 	healthzAddr        string
 	nodeName, zone     string
 	adminAddr          string
+	controlSocket      string
 	minSyncPeriod      time.Duration
 	conntrackMax       int
 	ctEstablished      time.Duration
@@ -93,6 +95,19 @@ type runFlags struct {
 	procs              int
 	dns                dnsFlags
 	log                logFlags
+
+	// Set by kube-proxy's command line (kubeproxy.go), not run's flags.
+	proxyMode           string // /proxyMode's answer; "" for run: from the scheduler
+	clientQPS           float32
+	clientBurst         int
+	clientContentType   string
+	master              string                // the API server's URL, over the kubeconfig's
+	nodePortFilter      func(netip.Addr) bool // NodePort addresses kept (nil: all)
+	oomScoreAdj         *int32                // written to /proc/self/oom_score_adj
+	conntrackMaxPerCore int                   // with conntrackMin: the table's size as kube-proxy sizes nf_conntrack_max
+	conntrackMin        int
+	bindAddressHardFail bool
+	configz             func() ([]byte, error) // /configz's body; nil: 404
 }
 
 func (f *runFlags) register(fs *flag.FlagSet) {
@@ -111,7 +126,8 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.nodeName, "node-name", host, "this node's name, for internalTrafficPolicy Local and topology hints")
 	fs.StringVar(&f.zone, "zone", "", "this node's topology.kubernetes.io/zone, for zone hints (empty: hints ignored)")
 	fs.StringVar(&f.healthzAddr, "healthz-bind-address", defaultHealthzAddr, "kube-proxy's health server: /healthz and /livez with kube-proxy's JSON, for probes and load balancers (a node sets 0.0.0.0:10256); empty disables it")
-	fs.StringVar(&f.adminAddr, "admin-addr", defaultAdminAddr, "address of the admin server (/healthz, /metrics, /debug); empty disables it")
+	fs.StringVar(&f.adminAddr, "admin-addr", defaultAdminAddr, "address of the admin server (/healthz, /metrics, /debug: read-only); empty disables it")
+	fs.StringVar(&f.controlSocket, "control-socket", "", "unix socket (mode 0600) that serves what changes the proxy's state, the conntrack flush (default: "+defaultControlSocket("TUN")+"); \"none\" disables it")
 	fs.DurationVar(&f.minSyncPeriod, "min-sync-period", service.DefaultMinSyncPeriod, "least time between two service table builds (0: build on every change)")
 	fs.IntVar(&f.conntrackMax, "conntrack-max", 0, "conntrack table size (0: 32768 per core, at least 131072, as kube-proxy)")
 	fs.DurationVar(&f.ctEstablished, "conntrack-tcp-timeout-established", def.TCPEstablished, "idle timeout of established TCP flows")
@@ -174,6 +190,9 @@ func (f *runFlags) validate() error {
 		return errors.New("--apiserver-tunnel-idle must be positive")
 	}
 	f.nodeName = strings.ToLower(f.nodeName) // kube-proxy lowercases an override too
+	if f.controlSocket == "" {
+		f.controlSocket = defaultControlSocket(f.tunName)
+	}
 	sched, err := balancer.ParseScheduler(f.scheduler, f.schedulerFlags)
 	if err != nil {
 		return fmt.Errorf("--scheduler: %w", err)
@@ -237,16 +256,13 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.SetOutput(stderr)
 	var f runFlags
 	f.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if help, err := parseArgs(fs, args, stdout, runAbout); help || err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("run: unexpected arguments %v", fs.Args())
+		return usageErr(fmt.Errorf("run: unexpected arguments %v (a file of Services and EndpointSlices goes to --config FILE)", fs.Args()))
 	}
-	if err := f.validate(); err != nil {
-		return err
-	}
-	logger, err := f.log.newLogger(stderr)
+	logger, err := f.validatedLogger(stderr)
 	if err != nil {
 		return err
 	}
@@ -254,7 +270,17 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return run(ctx, &f, logger)
 }
 
+// validatedLogger validates f and returns the logger its flags ask for.
+func (f *runFlags) validatedLogger(w io.Writer) (*zap.Logger, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	return f.log.newLogger(w)
+}
+
 func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
+	logger.Info("userproxy starting", zap.String("version", versionString()), zap.String("mode", proxyModeOf(f)),
+		zap.String("scheduler", f.scheduler), zap.String("node", f.nodeName))
 	// 1. A descriptor per proxied connection and flow.
 	logFileLimit(logger)
 	// 2. The proxy and its conntrack table (a random hash seed, a coarse
@@ -262,9 +288,14 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	timeouts := conntrack.DefaultTimeouts()
 	timeouts.TCPEstablished, timeouts.TCPCloseWait = f.ctEstablished, f.ctCloseWait
 	timeouts.UDP, timeouts.UDPStream = f.ctUDP, f.ctUDPStream
-	max := f.conntrackMax
-	if max == 0 {
-		max = conntrack.DefaultMax(runtime.NumCPU())
+	ctMax := f.conntrackMax
+	switch {
+	case ctMax == 0 && f.conntrackMaxPerCore > 0:
+		// kube-proxy's sizing of nf_conntrack_max (pkg/proxy/conntrack
+		// sysctls.go): maxPerCore per CPU, at least min.
+		ctMax = max(f.conntrackMaxPerCore*runtime.NumCPU(), f.conntrackMin)
+	case ctMax == 0:
+		ctMax = conntrack.DefaultMax(runtime.NumCPU())
 	}
 	locals := newLocalSources(f.clusterCIDRs.values, logger.Named("local-addresses"))
 	pf, err := newPortForwarder(f, f.via, logger.Named("portforward"))
@@ -273,7 +304,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	}
 	pxc := proxy.Config{
 		LocalSource: locals.local,
-		Conntrack:   conntrack.Config{Max: max, Timeouts: timeouts, Liberal: f.ctLiberal},
+		Conntrack:   conntrack.Config{Max: ctMax, Timeouts: timeouts, Liberal: f.ctLiberal},
 		DialTimeout: f.dialTimeout, AffinityListSize: f.affinityListSize,
 		Via: f.via, DirectAttempt: f.dialDirect,
 		MaxUDPSessions: f.maxUDPSessions, Scheduler: f.sched, Logger: logger.Named("proxy")}
@@ -296,6 +327,9 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	npAddrs, err := nodePortAddrs(f.nodePortAddresses)
 	if err != nil {
 		return err
+	}
+	if f.nodePortFilter != nil {
+		npAddrs = slices.DeleteFunc(npAddrs, func(a netip.Addr) bool { return !f.nodePortFilter(a) })
 	}
 	nodePorts := px.NewNodePorts(npAddrs)
 	defer nodePorts.Close()
@@ -427,7 +461,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 
 	// 6. The admin server.
 	if f.adminAddr != "" {
-		stopAdmin, err := startAdmin(ctx, f.adminAddr, adminDeps{ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts, proxierHealth: proxierHealth,
+		stopAdmin, err := startAdmin(ctx, f.adminAddr, f.controlSocket, adminDeps{proxyMode: proxyModeOf(f), configz: f.configz, ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts, proxierHealth: proxierHealth,
 			rest: rest, families: servedFamilies(f.serviceCIDRs.values), dial: dialView(f.via, px, pf), pf: pf,
 			rules: rulesOptions(f, npAddrs),
 			notes: func() []string { return append(append(ext.notes(), nodePorts.Failed()...), sh.Failed()...) }}, logger.Named("admin"))
@@ -477,7 +511,8 @@ func newSource(f *runFlags, h service.Handler, logger *zap.Logger) (objectSource
 	if err := checkInClusterHost(f); err != nil {
 		return nil, nil, err
 	}
-	client, err := kube.NewClient(f.kubeconfig)
+	client, err := kube.NewClientWith(kube.ClientOptions{Kubeconfig: f.kubeconfig, Master: f.master,
+		QPS: f.clientQPS, Burst: f.clientBurst, ContentType: f.clientContentType})
 	if err != nil {
 		return nil, nil, fmt.Errorf("API server: %w", err)
 	}

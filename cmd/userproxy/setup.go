@@ -23,7 +23,7 @@ func runSetup(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Var(&cidrs, "service-cidr", "service CIDR routed into the device (repeatable)")
 	var lf logFlags
 	lf.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if help, err := parseArgs(fs, args, stdout, setupAbout); help || err != nil {
 		return err
 	}
 	if !*remove && *userName == "" {

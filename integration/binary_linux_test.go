@@ -148,12 +148,17 @@ type proc struct {
 	cmd    *exec.Cmd
 	exited chan error
 	out    *strings.Builder
+	w      *lockedWriter
 }
+
+// output is what the process wrote so far, stdout and stderr.
+func (p *proc) output() string { return p.w.String() }
 
 func startProc(t *testing.T, args ...string) *proc {
 	t.Helper()
 	p := &proc{cmd: exec.Command(args[0], args[1:]...), exited: make(chan error, 1), out: &strings.Builder{}}
 	w := &lockedWriter{b: p.out}
+	p.w = w
 	p.cmd.Stdout, p.cmd.Stderr = w, w
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -46,6 +46,7 @@ type adminDeps struct {
 	pf            *kube.PortForwarder // nil with --dial-via direct
 	proxyMode     string              // /proxyMode
 	configz       func() ([]byte, error)
+	conflicts     *conflicts // what keeps traffic from the TUN: /readyz, userproxy_host_conflicts
 }
 
 // proxyModeOf is /proxyMode's answer: kube-proxy's mode as configured, or
@@ -96,6 +97,20 @@ func servedFamilies(cidrs []netip.Prefix) []service.Family {
 func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *zap.Logger) (func(), error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if cf := d.conflicts; cf != nil {
+		for _, cause := range conflictCauses {
+			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name:        "userproxy_host_conflicts",
+				Help:        "1 while something keeps Service traffic from the TUN, by cause: kube-proxy's rules on the host, ClusterIPs as local addresses, a route for a service CIDR elsewhere, ClusterIPs outside every --service-cidr.",
+				ConstLabels: prometheus.Labels{"cause": cause},
+			}, func() float64 {
+				if cf.found(cause) {
+					return 1
+				}
+				return 0
+			}))
+		}
+	}
 	b := readBuildInfo()
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        "userproxy_build_info",
@@ -133,7 +148,7 @@ func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *
 		Logger:    logger,
 		Gatherer:  reg,
 		Health:    admin.CheckAll(sourceHealth(d.src), admin.SyncHealth(d.tracker, admin.DefaultHealthTimeout, time.Now)),
-		Ready:     admin.FirstTable(d.tracker),
+		Ready:     admin.CheckAll(admin.FirstTable(d.tracker), d.conflictsErr()),
 		Table:     func() *service.Table { return d.px.Table() },
 		Conntrack: d.ct,
 		Rules:     d.rules,
@@ -202,3 +217,12 @@ func sourceHealth(src objectSource) func() error {
 }
 
 var errNoAdmin = errors.New("no running proxy answered")
+
+// conflictsErr is /readyz's check of the conflicts, if there are any to
+// check.
+func (d adminDeps) conflictsErr() func() error {
+	if d.conflicts == nil {
+		return nil
+	}
+	return d.conflicts.err
+}

@@ -202,7 +202,7 @@ func runKubeProxy(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return nil
 	}
 	if o.cleanup {
-		return errors.New("--cleanup: removing kube-proxy's iptables, nftables and IPVS leftovers is not implemented yet; userproxy itself leaves no rules behind")
+		return cleanup(stdout)
 	}
 
 	// run's defaults, then the configuration over them.

@@ -45,16 +45,7 @@ func (l *localSources) refresh() {
 
 // run refreshes the addresses until ctx is done.
 func (l *localSources) run(ctx context.Context) { // local address refresher
-	t := time.NewTicker(localAddrsInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			l.refresh()
-		}
-	}
+	every(ctx, localAddrsInterval, l.refresh)
 }
 
 // local reports whether a is one of the host's addresses or in a cluster

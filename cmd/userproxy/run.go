@@ -335,6 +335,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	defer nodePorts.Close()
 	var serviceHealth atomic.Pointer[admin.ServiceHealth] // set once the tracker exists
 	steppedAside := stepAsideLogger(f, logger)
+	cf := newConflicts(f.serviceCIDRs.values, f.tunName, newHostProbe(), logger.Named("conflicts"))
 	tracker, err := service.NewTracker(service.Config{
 		NodeName: f.nodeName, Zone: f.zone, MinSyncPeriod: f.minSyncPeriod,
 		CheckScheduler: checkScheduler,
@@ -348,6 +349,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 				sh.Sync(t)
 			}
 			steppedAside(t)
+			cf.syncTable(t)
 			synced.Do(func() { close(firstSync) })
 			if ce := logger.Check(zap.DebugLevel, "service table live"); ce != nil {
 				ce.Write(zap.Int("servicePorts", t.Len()), zap.Int("changedPorts", len(c.Ports)))
@@ -404,6 +406,8 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	cf.tun = tun.name
+	cf.checkHost()
 	ext := newExtRoutes(ops, tun.name, f.serviceCIDRs.values, logger.Named("tun"))
 	defer ext.Close() // before tun.close
 	routes.Store(ext)
@@ -441,6 +445,8 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	wg.Add(1)
 	go func() { defer wg.Done(); runProcs(ctx, f.procs, logger) }()
 	wg.Add(1)
+	go func() { defer wg.Done(); cf.run(ctx) }()
+	wg.Add(1)
 	go func() { // retries the sockets a taken port refused
 		defer wg.Done()
 		retryFailed(ctx, func() {
@@ -463,8 +469,11 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if f.adminAddr != "" {
 		stopAdmin, err := startAdmin(ctx, f.adminAddr, f.controlSocket, adminDeps{proxyMode: proxyModeOf(f), configz: f.configz, ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts, proxierHealth: proxierHealth,
 			rest: rest, families: servedFamilies(f.serviceCIDRs.values), dial: dialView(f.via, px, pf), pf: pf,
-			rules: rulesOptions(f, npAddrs),
-			notes: func() []string { return append(append(ext.notes(), nodePorts.Failed()...), sh.Failed()...) }}, logger.Named("admin"))
+			rules:     rulesOptions(f, npAddrs),
+			conflicts: cf,
+			notes: func() []string {
+				return append(append(append(ext.notes(), nodePorts.Failed()...), sh.Failed()...), cf.notes()...)
+			}}, logger.Named("admin"))
 		if err != nil {
 			return err
 		}
@@ -524,15 +533,18 @@ func newSource(f *runFlags, h service.Handler, logger *zap.Logger) (objectSource
 const retryInterval = 10 * time.Second
 
 // retryFailed calls retry every retryInterval until ctx is done.
-func retryFailed(ctx context.Context, retry func()) {
-	t := time.NewTicker(retryInterval)
+func retryFailed(ctx context.Context, retry func()) { every(ctx, retryInterval, retry) }
+
+// every calls f every interval until ctx is done.
+func every(ctx context.Context, interval time.Duration, f func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			retry()
+			f()
 		}
 	}
 }

@@ -583,7 +583,7 @@ func TestBinaryFlushResetsClient(t *testing.T) {
 	b, p, c := startIdleFlow(t, "upxfl0")
 	defer c.Close()
 	bin := userproxyBinary(t)
-	out, err := exec.Command("ip", "netns", "exec", b.name, bin, "conntrack", "flush").CombinedOutput()
+	out, err := exec.Command("ip", "netns", "exec", b.name, bin, "conntrack", "flush", "--tun-name", "upxfl0").CombinedOutput()
 	if err != nil {
 		t.Fatalf("conntrack flush: %v\n%s", err, out)
 	}

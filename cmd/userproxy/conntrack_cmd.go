@@ -6,6 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/userproxy/userproxy/admin"
@@ -21,7 +24,7 @@ func runConntrack(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs := flag.NewFlagSet("conntrack "+verb, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("admin-addr", defaultAdminAddr, "admin address of the running proxy (list)")
-	tun := fs.String("tun-name", "userproxy0", "the running proxy's TUN device, which names its control socket (flush)")
+	tun := fs.String("tun-name", "", "the running proxy's TUN device, which names its control socket (flush; default: the one proxy running, or userproxy0's)")
 	control := fs.String("control-socket", "", "the running proxy's control socket (flush; default: its --control-socket default for --tun-name)")
 	var q admin.ConntrackQuery
 	fs.StringVar(&q.Protocol, "protocol", "", "only entries of this protocol (tcp or udp)")
@@ -42,7 +45,10 @@ func runConntrack(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	path := *control
 	if path == "" {
-		path = defaultControlSocket(*tun)
+		var err error
+		if path, err = findControlSocket(*tun); err != nil {
+			return fmt.Errorf("conntrack flush: %w", err)
+		}
 	}
 	n, err := admin.FlushConntrack(ctx, "unix:"+path, q)
 	if err != nil {
@@ -50,4 +56,25 @@ func runConntrack(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	fmt.Fprintf(stdout, "userproxy: %d flow entries have been deleted.\n", n)
 	return nil
+}
+
+// findControlSocket is the flush's default socket: --tun-name's, or without
+// it userproxy0's if it exists, else the one socket in the directory (one
+// proxy running); several make the caller choose.
+func findControlSocket(tun string) (string, error) {
+	if tun != "" {
+		return defaultControlSocket(tun), nil
+	}
+	def := defaultControlSocket("userproxy0")
+	if _, err := os.Stat(def); err == nil {
+		return def, nil
+	}
+	socks, _ := filepath.Glob(filepath.Join(filepath.Dir(def), "*.sock"))
+	switch len(socks) {
+	case 0:
+		return def, nil // the error names it
+	case 1:
+		return socks[0], nil
+	}
+	return "", fmt.Errorf("%d proxies have control sockets (%s): choose one with --tun-name or --control-socket", len(socks), strings.Join(socks, ", "))
 }

@@ -12,22 +12,34 @@ package integration
 // address.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"text/template"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/userproxy/userproxy/integration/kubeapi"
 )
 
 // kubeadmProxyConfig is config.conf as kubeadm v1.37 writes it
@@ -69,19 +81,27 @@ func TestKubeProxyDropIn(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// kubeadm's config.conf with the admin's edit, and the binary as
-	// /usr/local/bin/kube-proxy: a link named kube-proxy.
-	conf := string(kubeadmProxyConfig(t, rig.cluster.Kubeconfig(), "ipvs", "10.244.0.0/16"))
-	conf = strings.Replace(conf, `scheduler: ""`, "scheduler: lc", 1)
-	confPath := filepath.Join(rig.dir, "config.conf")
-	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
+	// kubeadm's DaemonSet and ConfigMap, from kubeadm's own source, the
+	// image swapped and config.conf edited as the admin edits it; applied
+	// to the API server (server-side dry run); then the binary started as
+	// that DaemonSet's container would be, with the ConfigMap's files.
+	ds, cm := kubeadmProxyManifests(t, rig.cluster.URL())
+	for i, c := range ds.Spec.Template.Spec.Containers {
+		if c.Name == "kube-proxy" {
+			ds.Spec.Template.Spec.Containers[i].Image = "registry.example/userproxy:test"
+		}
 	}
-	kubeProxy := filepath.Join(rig.dir, "kube-proxy")
-	if err := os.Symlink(bin, kubeProxy); err != nil {
-		t.Fatal(err)
+	cm.Data["config.conf"] = strings.Replace(cm.Data["config.conf"], `scheduler: ""`, "scheduler: lc", 1)
+	cm.Data["config.conf"] = strings.Replace(cm.Data["config.conf"], "mode: iptables", "mode: ipvs", 1)
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	if _, err := cs.CoreV1().ConfigMaps("kube-system").Create(ctx, cm, dry); err != nil {
+		t.Fatalf("kubeadm's ConfigMap, dry run: %v", err)
 	}
-	p := startProc(t, "ip", "netns", "exec", rig.uName, kubeProxy, "--config="+confPath, "--hostname-override=Node-A")
+	if _, err := cs.AppsV1().DaemonSets("kube-system").Create(ctx, ds, dry); err != nil {
+		t.Fatalf("kubeadm's DaemonSet with the image swapped, dry run: %v", err)
+	}
+	cmd := kubeadmContainer(t, rig, ds, cm, bin, "Node-A")
+	p := startProc(t, append([]string{"ip", "netns", "exec", rig.uName}, cmd...)...)
 	u.waitHealthy(p)
 
 	// kube-proxy's endpoints on the metrics address.
@@ -168,4 +188,157 @@ func TestKubeProxyDropIn(t *testing.T) {
 	if err := p.stop(t); err != nil {
 		t.Fatalf("kube-proxy exit: %v", err)
 	}
+}
+
+// kubeadmProxyManifests renders kubeadm v1.37's kube-proxy DaemonSet and
+// ConfigMap from its source (cmd/kubeadm/app/phases/addons/proxy/
+// manifests.go in the module cache, downloaded if missing): the templates
+// filled as its proxy.go fills them, config.conf as its componentconfigs
+// write it (kubeadmProxyConfig), the API server at server.
+func kubeadmProxyManifests(t *testing.T, server string) (*appsv1.DaemonSet, *v1.ConfigMap) {
+	t.Helper()
+	dl := exec.Command("go", "mod", "download", "-json", "k8s.io/kubernetes@"+kubeapi.Version)
+	dl.Dir = "kubeapiserver" // the module that pins it
+	out, err := dl.Output()
+	if err != nil {
+		t.Fatalf("go mod download k8s.io/kubernetes@%s: %v", kubeapi.Version, err)
+	}
+	var mod struct{ Dir string }
+	if err := json.Unmarshal(out, &mod); err != nil || mod.Dir == "" {
+		t.Fatalf("go mod download: %v %s", err, out)
+	}
+	src := filepath.Join(mod.Dir, "cmd/kubeadm/app/phases/addons/proxy/manifests.go")
+	f, err := parser.ParseFile(token.NewFileSet(), src, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consts := map[string]string{}
+	for _, d := range f.Decls {
+		g, ok := d.(*ast.GenDecl)
+		if !ok || g.Tok != token.CONST {
+			continue
+		}
+		for _, sp := range g.Specs {
+			vs := sp.(*ast.ValueSpec)
+			for i, n := range vs.Names {
+				if lit, ok := vs.Values[i].(*ast.BasicLit); ok {
+					if v, err := strconv.Unquote(lit.Value); err == nil {
+						consts[n.Name] = v
+					}
+				}
+			}
+		}
+	}
+	render := func(name string, data any) []byte {
+		tmpl, ok := consts[name]
+		if !ok {
+			t.Fatalf("%s has no constant %s", src, name)
+		}
+		var b bytes.Buffer
+		if err := template.Must(template.New(name).Parse(tmpl)).Execute(&b, data); err != nil {
+			t.Fatalf("rendering %s: %v", name, err)
+		}
+		return b.Bytes()
+	}
+	// proxy.go: config.conf indented four spaces into the ConfigMap.
+	var conf strings.Builder
+	for _, l := range strings.Split(strings.TrimRight(string(kubeadmProxyConfig(t, "/var/lib/kube-proxy/kubeconfig.conf", "iptables", "10.244.0.0/16")), "\n"), "\n") {
+		conf.WriteString("    " + l + "\n")
+	}
+	var cm v1.ConfigMap
+	if err := yaml.UnmarshalStrict(render("KubeProxyConfigMap19", map[string]string{
+		"ProxyConfigMap": "kube-proxy", "ProxyConfigMapKey": "config.conf", "ControlPlaneEndpoint": server,
+		"ProxyConfig": strings.TrimRight(conf.String(), "\n"),
+	}), &cm); err != nil {
+		t.Fatalf("kubeadm's ConfigMap: %v", err)
+	}
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(render("KubeProxyDaemonSet19", map[string]string{
+		"Image": "registry.k8s.io/kube-proxy:" + kubeapi.Version, "ProxyConfigMap": "kube-proxy", "ProxyConfigMapKey": "config.conf",
+	}), &ds); err != nil {
+		t.Fatalf("kubeadm's DaemonSet: %v", err)
+	}
+	return &ds, &cm
+}
+
+// kubeadmContainer is the command line of ds's kube-proxy container as the
+// kubelet would run it on node nodeName, here: the ConfigMap's files where
+// the container mounts them (/var/lib/kube-proxy, under the rig's directory),
+// the service account's token and CA where kubeconfig.conf reads them (a
+// TokenRequest of the kube-proxy ServiceAccount, bound to system:node-proxier
+// as kubeadm binds it), /usr/local/bin/kube-proxy a link to bin, and
+// $(NODE_NAME) expanded.
+func kubeadmContainer(t *testing.T, rig *kubeAPIRig, ds *appsv1.DaemonSet, cm *v1.ConfigMap, bin, nodeName string) []string {
+	t.Helper()
+	ctx := context.Background()
+	root := filepath.Join(rig.dir, "node")
+	mapPath := func(p string) string { return filepath.Join(root, p) }
+	var c *v1.Container
+	for i := range ds.Spec.Template.Spec.Containers {
+		if ds.Spec.Template.Spec.Containers[i].Name == "kube-proxy" {
+			c = &ds.Spec.Template.Spec.Containers[i]
+		}
+	}
+	if c == nil || len(c.Command) == 0 {
+		t.Fatal("kubeadm's DaemonSet has no kube-proxy container with a command")
+	}
+	// The ServiceAccount, its binding and a token, as kubeadm sets them up.
+	cs := rig.cs
+	if _, err := cs.CoreV1().ServiceAccounts("kube-system").Create(ctx, &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "kube-proxy"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubeadm:node-proxier"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:node-proxier"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "kube-proxy", Namespace: "kube-system"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	exp := int64(3600)
+	tr, err := cs.CoreV1().ServiceAccounts("kube-system").CreateToken(ctx, "kube-proxy",
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa := "/var/run/secrets/kubernetes.io/serviceaccount"
+	for name, data := range map[string][]byte{"token": []byte(tr.Status.Token), "ca.crt": rig.cluster.CA()} {
+		if err := os.MkdirAll(mapPath(sa), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(mapPath(sa), name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The ConfigMap's volume, its absolute paths moved under root.
+	var mount string
+	for _, m := range c.VolumeMounts {
+		if m.Name == "kube-proxy" {
+			mount = m.MountPath
+		}
+	}
+	if err := os.MkdirAll(mapPath(mount), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range cm.Data {
+		data = strings.ReplaceAll(data, sa, mapPath(sa))
+		data = strings.ReplaceAll(data, mount+"/", mapPath(mount)+"/")
+		if err := os.WriteFile(filepath.Join(mapPath(mount), name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exe := mapPath(c.Command[0])
+	if err := os.MkdirAll(filepath.Dir(exe), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(bin, exe); err != nil {
+		t.Fatal(err)
+	}
+	cmd := []string{exe}
+	for _, a := range c.Command[1:] {
+		a = strings.ReplaceAll(a, "$(NODE_NAME)", nodeName)
+		a = strings.ReplaceAll(a, mount+"/", mapPath(mount)+"/")
+		cmd = append(cmd, a)
+	}
+	t.Logf("kubeadm's kube-proxy container: %q, run as %q", c.Command, cmd)
+	return cmd
 }

@@ -18,6 +18,8 @@ package main
 //     directly (a node routes to its pods).
 
 import (
+	"github.com/userproxy/userproxy/cmd/userproxy/internal/kpconfig"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -187,7 +189,7 @@ func runKubeProxy(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
-	if err := validateKubeProxyConfig(cfg); err != nil {
+	if err := kpconfig.Validate(cfg); err != nil {
 		return fmt.Errorf("kube-proxy: the configuration%s:\n%w", o.configNamed(), err)
 	}
 	if o.writeConfigTo != "" {
@@ -247,7 +249,7 @@ func (o *kubeProxyOptions) configNamed() string {
 func (o *kubeProxyOptions) complete(fs *pflag.FlagSet) (*kpv1alpha1.KubeProxyConfiguration, error) {
 	var cfg *kpv1alpha1.KubeProxyConfiguration
 	if o.configFile != "" {
-		c, err := loadKubeProxyConfig(o.configFile)
+		c, err := kpconfig.Load(o.configFile)
 		if err != nil {
 			return nil, err
 		}
@@ -259,10 +261,10 @@ func (o *kubeProxyOptions) complete(fs *pflag.FlagSet) (*kpv1alpha1.KubeProxyCon
 		c.ClusterCIDR = o.clusterCIDR
 		c.NodePortAddresses = o.nodePortAddresses
 		c.IPVS.ExcludeCIDRs = o.ipvsExcludeCIDRs
-		c.OOMScoreAdj = ptrTo(o.oomScoreAdj)
-		c.IPTables.MasqueradeBit = ptrTo(o.masqBit)
-		c.IPTables.LocalhostNodePorts = ptrTo(o.localhostNodePorts)
-		c.Conntrack.MaxPerCore, c.Conntrack.Min = ptrTo(o.maxPerCore), ptrTo(o.ctMin)
+		c.OOMScoreAdj = kpconfig.Ptr(o.oomScoreAdj)
+		c.IPTables.MasqueradeBit = kpconfig.Ptr(o.masqBit)
+		c.IPTables.LocalhostNodePorts = kpconfig.Ptr(o.localhostNodePorts)
+		c.Conntrack.MaxPerCore, c.Conntrack.Min = kpconfig.Ptr(o.maxPerCore), kpconfig.Ptr(o.ctMin)
 		c.Conntrack.TCPEstablishedTimeout = &metav1.Duration{Duration: o.ctEstablished}
 		c.Conntrack.TCPCloseWaitTimeout = &metav1.Duration{Duration: o.ctCloseWait}
 		// The sync periods go to the mode's own section (options.go
@@ -299,7 +301,7 @@ func (o *kubeProxyOptions) complete(fs *pflag.FlagSet) (*kpv1alpha1.KubeProxyCon
 	if fs.Changed("vmodule") && o.vmodule != "" {
 		return nil, errors.New("--vmodule: userproxy's log levels are not set per file")
 	}
-	defaultKubeProxyConfig(cfg)
+	kpconfig.Default(cfg)
 	if o.configFile == "" {
 		// The deprecated port flags, when given, set the port of the
 		// bind address after the defaults (0: no health server; no

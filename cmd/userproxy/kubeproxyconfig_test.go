@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/userproxy/userproxy/cmd/userproxy/internal/kpconfig"
+
 	"net/netip"
 	"strings"
 	"testing"
@@ -17,30 +19,35 @@ import (
 // JSON and then YAML (MarshalToYamlForCodecs), as here.
 func kubeadmConfigConf(t *testing.T, mode, podSubnet string) []byte {
 	t.Helper()
-	c := kpv1alpha1.KubeProxyConfiguration{
-		BindAddress: "0.0.0.0",
-		ClusterCIDR: podSubnet,
-		Mode:        kpv1alpha1.ProxyMode(mode),
-	}
-	c.APIVersion, c.Kind = kubeProxyAPIVersion, kubeProxyKind
-	c.FeatureGates = map[string]bool{}
-	c.ClientConnection.Kubeconfig = "/var/lib/kube-proxy/kubeconfig.conf"
-	out, err := yaml.Marshal(&c)
+	out, err := kubeadmConf(mode, podSubnet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return out
 }
 
+// kubeadmConf is kubeadmConfigConf without a test.
+func kubeadmConf(mode, podSubnet string) ([]byte, error) {
+	c := kpv1alpha1.KubeProxyConfiguration{
+		BindAddress: "0.0.0.0",
+		ClusterCIDR: podSubnet,
+		Mode:        kpv1alpha1.ProxyMode(mode),
+	}
+	c.APIVersion, c.Kind = kpconfig.APIVersion, kpconfig.Kind
+	c.FeatureGates = map[string]bool{}
+	c.ClientConnection.Kubeconfig = "/var/lib/kube-proxy/kubeconfig.conf"
+	return yaml.Marshal(&c)
+}
+
 // loadKubeadm decodes, defaults, validates and maps a kubeadm config.conf.
 func loadKubeadm(t *testing.T, data []byte) (*kpv1alpha1.KubeProxyConfiguration, *runFlags) {
 	t.Helper()
-	c, err := decodeKubeProxyConfig("config.conf", data)
+	c, err := kpconfig.Decode("config.conf", data)
 	if err != nil {
 		t.Fatalf("decoding kubeadm's config.conf: %v\n%s", err, data)
 	}
-	defaultKubeProxyConfig(c)
-	if err := validateKubeProxyConfig(c); err != nil {
+	kpconfig.Default(c)
+	if err := kpconfig.Validate(c); err != nil {
 		t.Fatalf("validating kubeadm's config.conf: %v", err)
 	}
 	var f runFlags
@@ -151,6 +158,9 @@ func TestKubeProxyConfigRefused(t *testing.T) {
 		{"nodePortAddresses repeated", set("nodePortAddresses: null", "nodePortAddresses: [primary, primary]"), "may not be repeated"},
 		{"logging.format", set("logging:\n", "logging:\n  format: xml\n"), "KubeProxyConfiguration.logging.format"},
 		{"logging.vmodule", set("logging:\n", "logging:\n  vmodule: [{filePattern: proxier.go, verbosity: 4}]\n"), "KubeProxyConfiguration.logging.vmodule"},
+		// A resource.Quantity the apimachinery parser takes minutes over:
+		// refused before it is parsed (FuzzKubeProxyConfig).
+		{"logging.options.text.infoBufferSize", set(`      infoBufferSize: "0"`, `      infoBufferSize: "1e-99999999"`), "KubeProxyConfiguration.logging.options.json.infoBufferSize"},
 		{"logging.flushFrequency", set("  flushFrequency: 0", "  flushFrequency: -1s"), "KubeProxyConfiguration.logging.flushFrequency"},
 		{"showHiddenMetricsForVersion", set(`showHiddenMetricsForVersion: ""`, "showHiddenMetricsForVersion: \"1.36\""), "KubeProxyConfiguration.showHiddenMetricsForVersion"},
 		{"winkernel", set(`  networkName: ""`, "  networkName: nat"), "KubeProxyConfiguration.winkernel"},
@@ -158,10 +168,10 @@ func TestKubeProxyConfigRefused(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := decodeKubeProxyConfig("config.conf", []byte(tt.data))
+			c, err := kpconfig.Decode("config.conf", []byte(tt.data))
 			if err == nil {
-				defaultKubeProxyConfig(c)
-				err = validateKubeProxyConfig(c)
+				kpconfig.Default(c)
+				err = kpconfig.Validate(c)
 			}
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v; want an error with %q", err, tt.want)
@@ -193,10 +203,10 @@ func TestKubeProxyConfigRefused(t *testing.T) {
 		if !strings.Contains(ipvs, field) {
 			t.Fatalf("kubeadm's ipvs config.conf has no %q", field)
 		}
-		c, err := decodeKubeProxyConfig("config.conf", []byte(strings.Replace(ipvs, field, repl, 1)))
+		c, err := kpconfig.Decode("config.conf", []byte(strings.Replace(ipvs, field, repl, 1)))
 		if err == nil {
-			defaultKubeProxyConfig(c)
-			err = validateKubeProxyConfig(c)
+			kpconfig.Default(c)
+			err = kpconfig.Validate(c)
 		}
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: got %v; want %q", repl, err, want)

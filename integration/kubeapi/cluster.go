@@ -337,6 +337,10 @@ func (c *Cluster) StartAPIServer(ctx context.Context) error {
 		// Service's endpoints against: tests own every EndpointSlice.
 		"--endpoint-reconciler-type=none",
 		"--profiling=false",
+		// As kubeadm's own kube-apiserver manifest: kube-proxy's
+		// DaemonSet runs privileged, and a cluster that refuses it is
+		// not one kube-proxy's users have.
+		"--allow-privileged=true",
 	}
 	args = append(args, c.cfg.ExtraAPIServerArgs...)
 	ch, err := c.start(&c.api, "kube-apiserver", c.cfg.Binaries.APIServer, args)

@@ -2,9 +2,10 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
+
+	"github.com/spf13/pflag"
 )
 
 const cleanupAbout = `userproxy cleanup: remove what kube-proxy left on this host (root), as its
@@ -21,7 +22,7 @@ Examples:
 
 // runCleanup is `userproxy cleanup`.
 func runCleanup(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("cleanup", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	if help, err := parseArgs(fs, args, stdout, cleanupAbout); help || err != nil {
 		return err

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/userproxy/userproxy/admin"
 )
 
@@ -21,7 +21,7 @@ func runConntrack(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return usageErr(errors.New("usage: userproxy conntrack list|flush [--admin-addr ADDR] [--control-socket PATH] [--protocol tcp|udp] [--service NS/NAME[:PORT]]"))
 	}
 	verb := args[0]
-	fs := flag.NewFlagSet("conntrack "+verb, flag.ContinueOnError)
+	fs := pflag.NewFlagSet("conntrack "+verb, pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("admin-addr", defaultAdminAddr, "admin address of the running proxy (list)")
 	tun := fs.String("tun-name", "", "the running proxy's TUN device, which names its control socket (flush; default: the one proxy running, or userproxy0's)")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -11,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/userproxy/userproxy/balancer"
@@ -20,7 +20,7 @@ import (
 // balancer split them, next to the probabilities kube-proxy would print in its
 // KUBE-SVC chain for the same endpoints.
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("demo", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	endpoints := fs.Int("endpoints", 3, "number of endpoints of the service port")
 	conns := fs.Int("connections", 6000, "number of simulated new connections")

@@ -1,10 +1,10 @@
 package main
 
 import (
-	"flag"
 	"io"
 	"testing"
 
+	"github.com/spf13/pflag"
 	"github.com/userproxy/userproxy/proxy"
 )
 
@@ -23,7 +23,7 @@ func TestDialViaFlags(t *testing.T) {
 		{[]string{"--kubeconfig", "k", "--dial-via", "direct"}, proxy.ViaDirect},
 		{[]string{"--kubeconfig", "k", "--dial-timeout", "3s", "--dial-direct-timeout", "300ms"}, proxy.ViaAuto},
 	} {
-		fs := flag.NewFlagSet("run", flag.ContinueOnError)
+		fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		var f runFlags
 		f.register(fs)

@@ -15,12 +15,12 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"net/netip"
 	"strings"
 
 	"github.com/miekg/dns"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/userproxy/userproxy/clusterdns"
@@ -43,7 +43,7 @@ type dnsFlags struct {
 	addr netip.Addr
 }
 
-func (d *dnsFlags) register(fs *flag.FlagSet) {
+func (d *dnsFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&d.enabled, "dns", true, "answer cluster DNS (*.svc.<cluster-domain>) at --dns-ip:53 from the service table")
 	fs.StringVar(&d.ip, "dns-ip", "", "address of the cluster DNS server (default: the 10th address of the first --service-cidr, e.g. 10.96.0.10); must be in a service CIDR")
 	fs.StringVar(&d.domain, "cluster-domain", clusterdns.DefaultDomain, "the cluster domain DNS answers for")

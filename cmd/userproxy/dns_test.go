@@ -1,13 +1,13 @@
 package main
 
 import (
-	"flag"
 	"io"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -19,7 +19,7 @@ import (
 
 func parseRun(t *testing.T, args ...string) (*runFlags, error) {
 	t.Helper()
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var f runFlags
 	f.register(fs)

@@ -2,18 +2,18 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/userproxy/userproxy/admin"
 )
 
 // runIPVS prints a running proxy's service table as `ipvsadm -Ln` lists the
 // virtual services of kube-proxy's IPVS mode, through its admin server.
 func runIPVS(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("ipvs", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("ipvs", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("admin-addr", defaultAdminAddr, "admin address of the running proxy")
 	stats := fs.Bool("stats", false, "connections, packets and bytes, as ipvsadm -Ln --stats")

@@ -18,12 +18,12 @@ package main
 //     directly (a node routes to its pods).
 
 import (
+	"github.com/spf13/pflag"
 	"github.com/userproxy/userproxy/cmd/userproxy/internal/kpconfig"
 
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -32,7 +32,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	logsapi "k8s.io/component-base/logs/api/v1"
@@ -378,7 +377,7 @@ func logKubeProxyStart(logger *zap.Logger, c *kpv1alpha1.KubeProxyConfiguration,
 
 // newDefaultsFlagSet is a throwaway flag set: registering run's flags on it
 // sets their defaults.
-func newDefaultsFlagSet() *flag.FlagSet { return flag.NewFlagSet("defaults", flag.ContinueOnError) }
+func newDefaultsFlagSet() *pflag.FlagSet { return pflag.NewFlagSet("defaults", pflag.ContinueOnError) }
 
 // usageError is an error in how a command was called: main exits 2 for
 // it, 1 for any other failure.

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -57,7 +57,7 @@ func main() {
 	err := runMain(ctx, args, os.Stdout, os.Stderr)
 	cancel()
 	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
+		if !errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "userproxy:", err)
 		}
 		os.Exit(exitCode(err))
@@ -68,7 +68,7 @@ func main() {
 // command), 1 for any other failure.
 func exitCode(err error) int {
 	var u usageError
-	if errors.Is(err, flag.ErrHelp) || errors.As(err, &u) {
+	if errors.Is(err, pflag.ErrHelp) || errors.As(err, &u) {
 		return 2
 	}
 	return 1
@@ -79,7 +79,7 @@ func exitCode(err error) int {
 func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return flag.ErrHelp
+		return pflag.ErrHelp
 	}
 	switch args[0] {
 	case "run":
@@ -121,7 +121,7 @@ type logFlags struct {
 	format string
 }
 
-func (l *logFlags) register(fs *flag.FlagSet) {
+func (l *logFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&l.format, "log-format", "", "log format: json or console (default: console on a terminal, json otherwise)")
 }

@@ -141,7 +141,8 @@ func TestHelp(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"run", "--help"}, []string{"Examples:", "-conntrack-max", "-control-socket"}},
+		{[]string{"run", "--help"}, []string{"Examples:", "\nConntrack:\n      --conntrack-max int", "--control-socket"}},
+		{[]string{"run", "-help"}, []string{"\nObjects:\n      --config string"}},
 		{[]string{"run", "-h"}, []string{"-service-cidr"}},
 		{[]string{"setup", "--help"}, []string{"Examples:", "-user"}},
 		{[]string{"conntrack", "flush", "--help"}, []string{"Examples:", "-control-socket"}},

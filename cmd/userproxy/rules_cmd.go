@@ -3,13 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/userproxy/userproxy/admin"
@@ -21,7 +21,7 @@ import (
 // runRules prints the iptables-save lines kube-proxy would write for the
 // same objects: offline from --config, or from a running proxy.
 func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("rules", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("rules", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	config := fs.String("config", "", "YAML/JSON file or directory of Services and EndpointSlices (offline; else ask the running proxy)")
 	addr := fs.String("admin-addr", defaultAdminAddr, "admin address of the running proxy (without --config)")
@@ -74,6 +74,9 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // kube-proxy's sloppy parsing does. kube-proxy's "primary" (the node's
 // primary IPs) is refused: this command does not know them.
 type nodePortCIDRs struct{ values []netip.Prefix }
+
+// Type is the value's name in pflag's help.
+func (n *nodePortCIDRs) Type() string { return "cidrs" }
 
 func (n *nodePortCIDRs) String() string { return (&prefixList{values: n.values}).String() }
 

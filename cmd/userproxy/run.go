@@ -20,7 +20,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -34,6 +33,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -110,7 +110,7 @@ type runFlags struct {
 	configz             func() ([]byte, error) // /configz's body; nil: 404
 }
 
-func (f *runFlags) register(fs *flag.FlagSet) {
+func (f *runFlags) register(fs *pflag.FlagSet) {
 	host, _ := os.Hostname()
 	host = strings.ToLower(host) // kube-proxy's default node name
 	def := conntrack.DefaultTimeouts()
@@ -151,6 +151,16 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.procs, "procs", 0, "CPUs that run the proxy's Go code at once (GOMAXPROCS); 0: one while one is enough, all while goroutines queue or wait for it (unless the GOMAXPROCS variable is set)")
 	f.dns.register(fs)
 	f.log.register(fs)
+	groupFlags(fs, "Objects", "config", "kubeconfig", "min-sync-period", "node-name", "zone")
+	groupFlags(fs, "Device and addresses", "tun-name", "mtu", "tun-offload", "service-cidr", "cluster-cidr", "nodeport-addresses")
+	groupFlags(fs, "Endpoints", "scheduler", "scheduler-flags", "affinity-list-size", "dial-via", "dial-timeout",
+		"dial-direct-timeout", "apiserver-tunnel-idle", "tcp-translate")
+	groupFlags(fs, "Conntrack", "conntrack-max", "conntrack-tcp-timeout-established", "conntrack-tcp-timeout-close-wait",
+		"conntrack-udp-timeout", "conntrack-udp-timeout-stream", "conntrack-tcp-be-liberal")
+	groupFlags(fs, "Limits", "max-inflight", "max-inflight-per-client", "max-udp-sessions", "handshake-timeout", "procs")
+	groupFlags(fs, "Servers", "healthz-bind-address", "admin-addr", "control-socket", "profiling")
+	groupFlags(fs, "DNS", "dns", "dns-ip", "cluster-domain", "dns-upstream", "dns-host-config")
+	groupFlags(fs, "Logging", "log-level", "log-format")
 }
 
 func (f *runFlags) validate() error {
@@ -252,7 +262,7 @@ type objectSource interface {
 }
 
 func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var f runFlags
 	f.register(fs)

@@ -2,13 +2,13 @@ package main
 
 import (
 	"context"
-	"flag"
 	"io"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,7 +24,7 @@ import (
 // it (netstack's admitSYN starts the timer at the SYN), and its help must
 // say so: it once said the time started once the endpoint was dialled.
 func TestHandshakeTimeoutHelpSaysSYN(t *testing.T) {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var f runFlags
 	f.register(fs)
@@ -95,7 +95,7 @@ func TestManifestArgsAreRunFlags(t *testing.T) {
 					continue
 				}
 				found++
-				fs := flag.NewFlagSet("run", flag.ContinueOnError)
+				fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 				fs.SetOutput(io.Discard)
 				var f runFlags
 				f.register(fs)
@@ -123,7 +123,7 @@ func TestManifestArgsAreRunFlags(t *testing.T) {
 // --service-cidr is refused at start with what to do.
 func TestCheckInClusterHost(t *testing.T) {
 	var f runFlags
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 	f.register(fs)
 	t.Setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
 	if err := checkInClusterHost(&f); err == nil || !strings.Contains(err.Error(), "KUBERNETES_SERVICE_HOST=10.96.0.1") {

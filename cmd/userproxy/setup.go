@@ -3,16 +3,17 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
+
+	"github.com/spf13/pflag"
 )
 
 // runSetup creates, once and as root, the persistent TUN device that lets
 // `userproxy run` work without privileges; --remove deletes it.
 func runSetup(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("setup", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("setup", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	userName := fs.String("user", "", "user who will own the device and run userproxy (required unless --remove)")
 	tunName := fs.String("tun-name", "userproxy0", "TUN device to create")

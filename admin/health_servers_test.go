@@ -141,7 +141,8 @@ func (f *fakeStats) Health() service.Health { return f.st }
 // v1.37's ProxyHealth marshalled): healthy while starting; unhealthy once a
 // change has waited the health timeout, until a table; /healthz also while
 // the Node is not eligible (and before it is seen, when one is watched);
-// answers counted by code.
+// answers counted by code; userproxy's problems field says what the host
+// does wrong without changing the code.
 func TestProxierHealth(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	src := &fakeStats{}
@@ -188,16 +189,28 @@ func TestProxierHealth(t *testing.T) {
 	if code, _ := get("/livez"); code != 200 {
 		t.Fatalf("livez ignores the Node: %d", code)
 	}
+	// userproxy's problems: listed, the code untouched; absent when none.
+	var problems []string
+	h.SetProblems(func() []string { return problems })
+	h.SetNodeEligible(true)
+	problems = []string{"kube-proxy's rules are still hooked into nat OUTPUT"}
+	if code, body := get("/healthz"); code != 200 || !strings.HasSuffix(body, status(true)+`,"problems":["kube-proxy's rules are still hooked into nat OUTPUT"]}`) {
+		t.Fatalf("a problem on the host: %d %s", code, body)
+	}
+	problems = nil
+	if code, body := get("/livez"); code != 200 || strings.Contains(body, "problems") {
+		t.Fatalf("no problem: %d %s", code, body)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(h)
 	want := `
 # HELP kubeproxy_proxy_healthz_total Cumulative proxy healthz HTTP status (kube-proxy's series).
 # TYPE kubeproxy_proxy_healthz_total counter
-kubeproxy_proxy_healthz_total{code="200"} 2
+kubeproxy_proxy_healthz_total{code="200"} 3
 kubeproxy_proxy_healthz_total{code="503"} 3
 # HELP kubeproxy_proxy_livez_total Cumulative proxy livez HTTP status (kube-proxy's series).
 # TYPE kubeproxy_proxy_livez_total counter
-kubeproxy_proxy_livez_total{code="200"} 1
+kubeproxy_proxy_livez_total{code="200"} 2
 kubeproxy_proxy_livez_total{code="503"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {

@@ -17,6 +17,13 @@ package admin
 //     no Node to watch (a file source) the node is eligible.
 //  4. Both count their answers by code: kubeproxy_proxy_healthz_total and
 //     kubeproxy_proxy_livez_total.
+//  5. One field of userproxy's own, problems, lists what the host does
+//     that keeps Service traffic from reaching the proxy (SetProblems:
+//     kube-proxy's leftover rules, local ClusterIPs, a route elsewhere),
+//     so that whoever reads the JSON learns why Services fail on a node
+//     that answers healthy. It does not change the code: kube-proxy's
+//     health says whether the proxier keeps up, and load balancers act
+//     on it; /readyz on the admin address fails for these.
 //
 // The admin server's own /healthz stays for humans, with its reasons.
 
@@ -48,6 +55,7 @@ type ProxierHealth struct {
 	families []service.Family
 
 	nodeEligible atomic.Bool
+	problems     atomic.Pointer[func() []string]
 	// answers by endpoint (healthz, livez) and code (200, 503).
 	answers [2][2]atomic.Uint64
 }
@@ -75,6 +83,9 @@ func NewProxierHealth(src interface{ Health() service.Health }, families []servi
 // SetNodeEligible records whether this Node may receive traffic (step 3).
 func (h *ProxierHealth) SetNodeEligible(ok bool) { h.nodeEligible.Store(ok) }
 
+// SetProblems sets what lists the host's problems in the JSON (step 5).
+func (h *ProxierHealth) SetProblems(f func() []string) { h.problems.Store(&f) }
+
 // NodeEligible reports what SetNodeEligible last said (true before).
 func (h *ProxierHealth) NodeEligible() bool { return h.nodeEligible.Load() }
 
@@ -92,6 +103,8 @@ type proxyHealth struct {
 	NodeEligible *bool                   `json:"nodeEligible,omitempty"`
 	Healthy      bool                    `json:"healthy"`
 	Status       map[string]familyHealth `json:"status,omitempty"`
+	// Problems is userproxy's (step 5), absent when there are none.
+	Problems []string `json:"problems,omitempty"`
 }
 
 // familyHealth is kube-proxy's ProxierHealth: one family's proxier.
@@ -135,6 +148,9 @@ func (h *ProxierHealth) answer(w http.ResponseWriter, healthz bool) {
 		eligible := h.NodeEligible()
 		ph.NodeEligible = &eligible
 		healthy = healthy && eligible
+	}
+	if p := h.problems.Load(); p != nil {
+		ph.Problems = (*p)()
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")

@@ -115,14 +115,17 @@ func (b *binNS) udpEcho() netip.AddrPort {
 }
 
 // get fetches an admin URL from inside the namespace.
-func (b *binNS) get(path string) (int, string, error) {
+func (b *binNS) get(path string) (int, string, error) { return b.getAt("127.0.0.1:10249", path) }
+
+// getAt is get from another server of the namespace, at hostport.
+func (b *binNS) getAt(hostport, path string) (int, string, error) {
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return b.c.dial(network, addr)
 		},
 	}}
-	resp, err := client.Get("http://127.0.0.1:10249" + path)
+	resp, err := client.Get("http://" + hostport + path)
 	if err != nil {
 		return 0, "", err
 	}

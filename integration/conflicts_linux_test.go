@@ -102,6 +102,12 @@ func TestConflictsAndCleanup(t *testing.T) {
 	if code, _, _ := b.get("/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz %d: the proxy itself is healthy", code)
 	}
+	// kube-proxy's health server stays healthy (the proxier keeps up) and
+	// its JSON says why Services fail.
+	if code, body, _ := b.getAt("127.0.0.1:10256", "/healthz"); code != http.StatusOK || !strings.Contains(body, `"problems":[`) ||
+		!strings.Contains(body, "kube_proxy_rules") || !strings.Contains(body, "local_cluster_ips") {
+		t.Errorf("health server /healthz: %d %s", code, body)
+	}
 	_, metrics, _ := b.get("/metrics")
 	for _, cause := range []string{"kube_proxy_rules", "local_cluster_ips", "cluster_ip_outside_service_cidrs"} {
 		if !strings.Contains(metrics, fmt.Sprintf(`userproxy_host_conflicts{cause=%q} 1`, cause)) {

@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -352,9 +353,31 @@ func parseFeatureGates(s string) (map[string]bool, error) {
 // logKubeProxyStart logs kube-proxy's start-up lines (cmd/kube-proxy/app
 // server.go, server_linux.go) as structured entries.
 func logKubeProxyStart(logger *zap.Logger, c *kpv1alpha1.KubeProxyConfiguration, f *runFlags, file string) {
+	// kube-proxy's start-up lines (cmd/kube-proxy/app/server.go and
+	// server_linux.go), with its messages and keys.
 	logger.Info("Version info", zap.String("version", versionString()), zap.String("kubeProxyVersion", kubeProxyVersion))
+	logger.Info("Golang settings", zap.String("GOGC", os.Getenv("GOGC")), zap.String("GOMAXPROCS", os.Getenv("GOMAXPROCS")),
+		zap.String("GOTRACEBACK", os.Getenv("GOTRACEBACK")))
 	if file != "" {
 		logger.Info("Using the configuration file", zap.String("file", file))
+	}
+	if ips := nodeIPs(c.BindAddress); len(ips) > 0 {
+		logger.Info("Successfully retrieved NodeIPs", zap.Stringers("NodeIPs", ips))
+	} else {
+		logger.Info("Can't determine this node's IP, assuming loopback; if this is incorrect, please set the --bind-address flag")
+	}
+	families := map[bool]bool{}
+	for _, p := range f.serviceCIDRs.values {
+		families[p.Addr().Is4()] = true
+	}
+	primary := "IPv4"
+	if len(f.serviceCIDRs.values) > 0 && !f.serviceCIDRs.values[0].Addr().Is4() {
+		primary = "IPv6"
+	}
+	if len(families) == 2 {
+		logger.Info("kube-proxy running in dual-stack mode", zap.String("primary ipFamily", primary))
+	} else {
+		logger.Info("kube-proxy running in single-stack mode", zap.String("ipFamily", primary))
 	}
 	switch c.Mode {
 	case modeIPVS:
@@ -373,6 +396,17 @@ func logKubeProxyStart(logger *zap.Logger, c *kpv1alpha1.KubeProxyConfiguration,
 	if c.IPTables.MasqueradeAll || c.NFTables.MasqueradeAll {
 		logger.Info("masqueradeAll: every proxied flow leaves from the node's own sockets in userproxy, so endpoints see the node's address for every client")
 	}
+}
+
+// nodeIPs is what kube-proxy takes for the node's addresses: bindAddress
+// when it names one, else the primary address of each family (kube-proxy
+// asks the Node object; userproxy the default routes).
+func nodeIPs(bindAddress string) []netip.Addr {
+	if a, err := netip.ParseAddr(bindAddress); err == nil && !a.IsUnspecified() && !a.IsLoopback() {
+		return []netip.Addr{a}
+	}
+	ips, _ := primaryAddrs()
+	return ips
 }
 
 // newDefaultsFlagSet is a throwaway flag set: registering run's flags on it

@@ -95,8 +95,9 @@ func applyKubeProxyConfig(c *kpv1alpha1.KubeProxyConfiguration, f *runFlags) err
 		f.ctUDPStream = d
 	}
 	f.ctLiberal = ct.TCPBeLiberal
-	// logging: kube-proxy's verbosity as zap's level (2 and up: debug).
-	f.log.format = "console"
+	// logging: kube-proxy's formats, text (klog's) and json; its
+	// verbosity as zap's level (2 and up: debug).
+	f.log.format = "text"
 	if c.Logging.Format == "json" {
 		f.log.format = "json"
 	}

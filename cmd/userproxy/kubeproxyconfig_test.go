@@ -73,6 +73,9 @@ func TestKubeProxyConfigKubeadm(t *testing.T) {
 	if f.scheduler != "random" || proxyModeOf(f) != "iptables" || f.healthzAddr != "0.0.0.0:10256" || f.adminAddr != "127.0.0.1:10249" {
 		t.Errorf("mapped: scheduler %q mode %q healthz %q admin %q", f.scheduler, proxyModeOf(f), f.healthzAddr, f.adminAddr)
 	}
+	if f.log.format != "text" { // kube-proxy's default logging.format: klog's lines
+		t.Errorf("logging.format %q mapped to --log-format %q, want text", c.Logging.Format, f.log.format)
+	}
 	if f.minSyncPeriod != time.Second || f.ctEstablished != 24*time.Hour || f.ctCloseWait != time.Hour || f.conntrackMaxPerCore != 32768 || f.conntrackMin != 131072 {
 		t.Errorf("mapped: minSync %v, conntrack %v %v %d %d", f.minSyncPeriod, f.ctEstablished, f.ctCloseWait, f.conntrackMaxPerCore, f.conntrackMin)
 	}

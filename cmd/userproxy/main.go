@@ -123,7 +123,7 @@ type logFlags struct {
 
 func (l *logFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn, error")
-	fs.StringVar(&l.format, "log-format", "", "log format: json or console (default: console on a terminal, json otherwise)")
+	fs.StringVar(&l.format, "log-format", "", "log format: json, console, or text (klog's, as kube-proxy writes it; default: console on a terminal, json otherwise)")
 }
 
 // newLogger builds the process logger, writing to w.
@@ -149,8 +149,11 @@ func (l *logFlags) newLogger(w io.Writer) (*zap.Logger, error) {
 		enc = zapcore.NewJSONEncoder(encCfg)
 	case "console":
 		enc = zapcore.NewConsoleEncoder(encCfg)
+	case "text":
+		// klog's header names the caller's file and line.
+		return zap.New(zapcore.NewCore(newKlogEncoder(), zapcore.AddSync(w), level), zap.AddCaller()), nil
 	default:
-		return nil, fmt.Errorf("--log-format %q: want json or console", l.format)
+		return nil, fmt.Errorf("--log-format %q: want json, console or text", l.format)
 	}
 	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), level)), nil
 }

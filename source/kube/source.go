@@ -235,7 +235,11 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 	s.synced.Store(true)
 	s.h.OnSynced()
-	s.log.Info("Service and EndpointSlice caches synced")
+	// In kube-proxy's words (client-go's WaitForNamedCacheSync, under
+	// pkg/proxy/config's controller names), for the parsers that wait
+	// for them.
+	s.log.Info("Caches are synced", zap.String("controller", "service config"))
+	s.log.Info("Caches are synced", zap.String("controller", "endpoint slice config"))
 	<-ctx.Done()
 	return nil
 }

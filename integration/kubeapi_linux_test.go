@@ -19,12 +19,14 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
@@ -186,6 +188,38 @@ func TestBinaryKubeAPIServer(t *testing.T) {
 		return got
 	}
 	waitFor(t, "the ClusterIP "+vip+" to reach endpoint a", func() bool { return fetch() == "a" })
+
+	// A second ServiceCIDR outside --service-cidr, as a k3s range: the
+	// proxy routes it into the TUN, and a Service given a ClusterIP in it
+	// answers.
+	if _, err := cs.NetworkingV1().ServiceCIDRs().Create(ctx, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "extra"},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.43.0.0/16"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a route for the cluster's ServiceCIDR 10.43.0.0/16 into the TUN", func() bool {
+		out, _ := exec.Command("ip", "netns", "exec", uName, "ip", "route", "show", "10.43.0.0/16").Output()
+		return strings.Contains(string(out), "dev upxk0")
+	})
+	if _, err := cs.CoreV1().Services("default").Create(ctx, &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "k3s-web"},
+		Spec: v1.ServiceSpec{ClusterIP: "10.43.0.20", Ports: []v1.ServicePort{
+			{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(diffTCPPort)},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	k3s := slice(0)
+	k3s.Name, k3s.Labels[discoveryv1.LabelServiceName] = "k3s-web-1", "k3s-web"
+	if _, err := cs.DiscoveryV1().EndpointSlices("default").Create(ctx, k3s, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the ClusterIP 10.43.0.20:80 in the second ServiceCIDR to reach endpoint a", func() bool {
+		got, err := u.fetchName("10.43.0.20:80")
+		return err == nil && got == "a"
+	})
+	if code, body, _ := u.get("/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz with a ClusterIP in the cluster's second ServiceCIDR: %d %s", code, body)
+	}
 
 	// The endpoint moves.
 	cur, err := cs.DiscoveryV1().EndpointSlices("default").Get(ctx, "web-1", metav1.GetOptions{})

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -53,18 +54,29 @@ type hostProbe interface {
 
 // conflicts holds the causes found; safe for concurrent use.
 type conflicts struct {
-	cidrs  []netip.Prefix
+	cidrs  atomic.Pointer[[]netip.Prefix] // routed into the TUN
 	tun    string
 	probe  hostProbe
 	logger *zap.Logger
 
 	mu     sync.Mutex
 	causes map[string]string // cause -> the message: what was found and what to do
+
+	tableMu sync.Mutex // one syncTable at a time: the last CIDRs win
 }
 
 func newConflicts(cidrs []netip.Prefix, tun string, probe hostProbe, logger *zap.Logger) *conflicts {
-	return &conflicts{cidrs: cidrs, tun: tun, probe: probe, logger: logger, causes: map[string]string{}}
+	c := &conflicts{tun: tun, probe: probe, logger: logger, causes: map[string]string{}}
+	c.cidrs.Store(&cidrs)
+	return c
 }
+
+// serviceCIDRs are the CIDRs routed into the TUN.
+func (c *conflicts) serviceCIDRs() []netip.Prefix { return *c.cidrs.Load() }
+
+// setServiceCIDRs replaces them (the cluster's changed); the caller then
+// syncs the table and checks the host again.
+func (c *conflicts) setServiceCIDRs(cidrs []netip.Prefix) { c.cidrs.Store(&cidrs) }
 
 // set records cause with msg ("" clears it), logging a new or changed one
 // and the end of one.
@@ -89,8 +101,9 @@ func (c *conflicts) checkHost() {
 		return
 	}
 	c.set(causeKubeProxyRules, c.probe.kubeProxyRules())
-	c.set(causeLocalClusterIPs, c.probe.localClusterIPs(c.cidrs))
-	c.set(causeServiceCIDRRoute, c.probe.serviceCIDRRoute(c.cidrs, c.tun))
+	cidrs := c.serviceCIDRs()
+	c.set(causeLocalClusterIPs, c.probe.localClusterIPs(cidrs))
+	c.set(causeServiceCIDRRoute, c.probe.serviceCIDRRoute(cidrs, c.tun))
 }
 
 // run looks at the host every conflictInterval until ctx ends.
@@ -99,11 +112,14 @@ func (c *conflicts) run(ctx context.Context) { every(ctx, conflictInterval, c.ch
 // syncTable finds the Services of t whose ClusterIP no --service-cidr
 // routes into the TUN.
 func (c *conflicts) syncTable(t *service.Table) {
+	c.tableMu.Lock()
+	defer c.tableMu.Unlock()
+	cidrs := c.serviceCIDRs()
 	var names []string
 	var ips []netip.Addr
 	for _, p := range t.Ports() {
 		ip := p.ClusterIP
-		if !ip.IsValid() || slices.ContainsFunc(c.cidrs, func(pf netip.Prefix) bool { return pf.Contains(ip) }) {
+		if !ip.IsValid() || slices.ContainsFunc(cidrs, func(pf netip.Prefix) bool { return pf.Contains(ip) }) {
 			continue
 		}
 		name := p.Name.Namespace + "/" + p.Name.Name
@@ -122,7 +138,7 @@ func (c *conflicts) syncTable(t *service.Table) {
 		more = fmt.Sprintf(" and %d more", len(names)-len(shown))
 	}
 	c.set(causeClusterIPOutside, fmt.Sprintf("%d Services have a ClusterIP outside every --service-cidr (%s), so their traffic is not routed into the TUN: %s (%s)%s; add the cluster's service CIDR with --service-cidr",
-		len(names), prefixesString(c.cidrs), strings.Join(shown, ", "), ips[0], more))
+		len(names), prefixesString(cidrs), strings.Join(shown, ", "), ips[0], more))
 }
 
 // err is /readyz's check: the causes found, or nil.

@@ -21,6 +21,11 @@ import (
 //  4. An address that cannot be routed (no privilege: a device made by
 //     `userproxy setup`, run unprivileged) is logged once and listed by
 //     Unrouted, for /healthz's detail; it is retried on the next Sync.
+//  5. The cluster's service CIDRs (its ServiceCIDR objects, given to
+//     SetServiceCIDRs) are routed the same way, as prefixes, while the
+//     cluster has them: those inside a --service-cidr need nothing, the
+//     others get a route into the TUN unless one exists. Addresses inside
+//     them need no host route.
 
 // routeOps adds and removes one host route into the TUN device. add
 // reports errRouteExists for a route that is there already.
@@ -38,15 +43,20 @@ type extRoutes struct {
 	logger *zap.Logger
 
 	mu       sync.Mutex
-	closed   bool                 // Close ran: Sync does nothing
-	mine     map[netip.Addr]bool  // routes run added
-	foreign  map[netip.Addr]bool  // routes that existed: never removed
-	unrouted map[netip.Addr]error // could not be routed, with why
+	want     []netip.Addr           // the last Sync's
+	cluster  []netip.Prefix         // the cluster's service CIDRs routed (step 5)
+	mineCIDR map[netip.Prefix]bool  // of those, routes run added
+	cidrErr  map[netip.Prefix]error // cluster CIDRs that could not be routed
+	closed   bool                   // Close ran: Sync does nothing
+	mine     map[netip.Addr]bool    // routes run added
+	foreign  map[netip.Addr]bool    // routes that existed: never removed
+	unrouted map[netip.Addr]error   // could not be routed, with why
 }
 
 func newExtRoutes(ops routeOps, dev string, serviceCIDRs []netip.Prefix, logger *zap.Logger) *extRoutes {
 	return &extRoutes{ops: ops, dev: dev, cidrs: serviceCIDRs, logger: logger,
-		mine: map[netip.Addr]bool{}, foreign: map[netip.Addr]bool{}, unrouted: map[netip.Addr]error{}}
+		mine: map[netip.Addr]bool{}, foreign: map[netip.Addr]bool{}, unrouted: map[netip.Addr]error{},
+		mineCIDR: map[netip.Prefix]bool{}, cidrErr: map[netip.Prefix]error{}}
 }
 
 // hostPrefix returns the /32 or /128 of a.
@@ -59,10 +69,17 @@ func (r *extRoutes) Sync(want []netip.Addr) {
 	if r.closed {
 		return
 	}
+	r.want = slices.Clone(want)
+	r.sync()
+}
+
+// sync is Sync for the last addresses wanted, r.mu held.
+func (r *extRoutes) sync() {
+	want := r.want
 	wanted := make(map[netip.Addr]bool, len(want))
 	for _, a := range want {
 		a = a.Unmap()
-		if slices.ContainsFunc(r.cidrs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		if r.routed(a) {
 			continue
 		}
 		wanted[a] = true
@@ -102,6 +119,66 @@ func (r *extRoutes) Sync(want []netip.Addr) {
 	}
 }
 
+// routed reports whether a --service-cidr or a cluster CIDR covers a.
+func (r *extRoutes) routed(a netip.Addr) bool {
+	in := func(p netip.Prefix) bool { return p.Contains(a) }
+	return slices.ContainsFunc(r.cidrs, in) || slices.ContainsFunc(r.cluster, in)
+}
+
+// SetServiceCIDRs routes the cluster's service CIDRs (step 5) and returns
+// every CIDR now routed into the TUN: the --service-cidr ones, then the
+// cluster's. The last Sync's external addresses are synced again against
+// them.
+func (r *extRoutes) SetServiceCIDRs(cluster []netip.Prefix) []netip.Prefix {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return r.cidrs
+	}
+	r.cluster = r.cluster[:0]
+	wanted := map[netip.Prefix]bool{}
+	for _, p := range cluster {
+		if slices.ContainsFunc(r.cidrs, func(q netip.Prefix) bool { return q.Bits() <= p.Bits() && q.Contains(p.Addr()) }) {
+			continue // inside a --service-cidr: routed already
+		}
+		wanted[p] = true
+		r.cluster = append(r.cluster, p)
+		if r.mineCIDR[p] {
+			continue
+		}
+		switch err := r.ops.add(p); {
+		case err == nil:
+			r.mineCIDR[p] = true
+			delete(r.cidrErr, p)
+			r.logger.Info("route added for a service CIDR of the cluster", zap.Stringer("cidr", p))
+		case errors.Is(err, errRouteExists):
+			delete(r.cidrErr, p) // someone's route: the conflict check says where it leads
+		default:
+			if _, known := r.cidrErr[p]; !known {
+				r.logger.Warn("cannot route a service CIDR of the cluster into the TUN; its ClusterIPs do not reach the proxy",
+					zap.Stringer("cidr", p), zap.Error(err))
+			}
+			r.cidrErr[p] = err
+		}
+	}
+	for p := range r.mineCIDR {
+		if !wanted[p] {
+			if err := r.ops.del(p); err != nil {
+				r.logger.Warn("removing the route of a service CIDR", zap.Stringer("cidr", p), zap.Error(err))
+			}
+			delete(r.mineCIDR, p)
+			r.logger.Info("route removed: the cluster has no such service CIDR any more", zap.Stringer("cidr", p))
+		}
+	}
+	for p := range r.cidrErr {
+		if !wanted[p] {
+			delete(r.cidrErr, p)
+		}
+	}
+	r.sync()
+	return append(slices.Clone(r.cidrs), r.cluster...)
+}
+
 func (r *extRoutes) remove(a netip.Addr) {
 	if err := r.ops.del(hostPrefix(a)); err != nil {
 		r.logger.Warn("removing the route of an external address", zap.Stringer("address", a), zap.Error(err))
@@ -121,9 +198,16 @@ func (r *extRoutes) Unrouted() []netip.Addr {
 	return out
 }
 
-// notes lists the unrouted addresses for /healthz.
+// notes lists the unrouted addresses and cluster CIDRs for /healthz.
 func (r *extRoutes) notes() []string {
 	var out []string
+	r.mu.Lock()
+	for _, p := range r.cluster {
+		if r.cidrErr[p] != nil {
+			out = append(out, "the cluster's service CIDR "+p.String()+" is not routed into the TUN (needs root or CAP_NET_ADMIN; add it with `sudo ip route add "+p.String()+" dev "+r.dev+"`)")
+		}
+	}
+	r.mu.Unlock()
 	for _, a := range r.Unrouted() {
 		out = append(out, "external address "+a.String()+" is not routed into the TUN (needs root or CAP_NET_ADMIN; add a route to it, e.g. with `sudo ip route add "+hostPrefix(a).String()+" dev "+r.dev+"`)")
 	}
@@ -137,5 +221,11 @@ func (r *extRoutes) Close() {
 	r.closed = true
 	for a := range r.mine {
 		r.remove(a)
+	}
+	for p := range r.mineCIDR {
+		if err := r.ops.del(p); err != nil {
+			r.logger.Warn("removing the route of a service CIDR", zap.Stringer("cidr", p), zap.Error(err))
+		}
+		delete(r.mineCIDR, p)
 	}
 }

@@ -73,3 +73,42 @@ func TestExtRoutes(t *testing.T) {
 		t.Fatalf("after Close: routes %v, want %v", got, want)
 	}
 }
+
+// TestExtRoutesServiceCIDRs: the cluster's service CIDRs (its ServiceCIDR
+// objects) are routed while the cluster has them, except inside a
+// --service-cidr; someone else's route is left alone; a refused one is a
+// note; external addresses inside them lose their host route; Close takes
+// back what was added.
+func TestExtRoutesServiceCIDRs(t *testing.T) {
+	mp := netip.MustParsePrefix
+	ma := netip.MustParseAddr
+	f := &fakeRoutes{have: map[netip.Prefix]bool{mp("10.200.0.0/16"): true}, denied: map[netip.Prefix]bool{mp("10.201.0.0/16"): true}}
+	r := newExtRoutes(f, "upx0", []netip.Prefix{mp("10.96.0.0/12")}, zap.NewNop())
+	r.Sync([]netip.Addr{ma("10.43.0.99")})
+	if got := f.list(); !slices.Equal(got, []string{"10.200.0.0/16", "10.43.0.99/32"}) {
+		t.Fatalf("routes before the cluster's CIDRs: %v", got)
+	}
+	all := r.SetServiceCIDRs([]netip.Prefix{mp("10.43.0.0/16"), mp("10.96.0.0/16"), mp("10.200.0.0/16"), mp("10.201.0.0/16")})
+	if want := []netip.Prefix{mp("10.96.0.0/12"), mp("10.43.0.0/16"), mp("10.200.0.0/16"), mp("10.201.0.0/16")}; !slices.Equal(all, want) {
+		t.Errorf("routed CIDRs %v, want %v", all, want)
+	}
+	// 10.96.0.0/16 is inside 10.96.0.0/12; 10.43.0.99 inside 10.43.0.0/16.
+	if got := f.list(); !slices.Equal(got, []string{"10.200.0.0/16", "10.43.0.0/16"}) {
+		t.Fatalf("routes with the cluster's CIDRs: %v", got)
+	}
+	if n := r.notes(); len(n) != 1 || !strings.Contains(n[0], "10.201.0.0/16 is not routed") {
+		t.Fatalf("notes %q", n)
+	}
+	r.SetServiceCIDRs([]netip.Prefix{mp("10.96.0.0/16")})
+	if got := f.list(); !slices.Equal(got, []string{"10.200.0.0/16", "10.43.0.99/32"}) {
+		t.Fatalf("routes once the cluster dropped them: %v", got)
+	}
+	if n := r.notes(); len(n) != 0 {
+		t.Fatalf("notes %q", n)
+	}
+	r.SetServiceCIDRs([]netip.Prefix{mp("10.44.0.0/16")})
+	r.Close()
+	if got := f.list(); !slices.Equal(got, []string{"10.200.0.0/16"}) {
+		t.Fatalf("routes after Close: %v", got)
+	}
+}

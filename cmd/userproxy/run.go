@@ -372,6 +372,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	defer tracker.Close()
 	// kube-proxy's health state; the Node is watched with a cluster source.
 	proxierHealth := admin.NewProxierHealth(tracker, servedFamilies(f.serviceCIDRs.values), f.config == "", admin.DefaultHealthTimeout, nil)
+	proxierHealth.SetProblems(cf.notes)
 	sh := admin.NewServiceHealth(npAddrs, proxierHealth.IsHealthy, logger.Named("healthcheck"))
 	defer sh.Close()
 	serviceHealth.Store(sh)
@@ -473,6 +474,8 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if client != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); watchNode(ctx, client, f, tracker, proxierHealth, logger.Named("node")) }()
+		wg.Add(1)
+		go func() { defer wg.Done(); watchServiceCIDRs(ctx, client, ext, cf, px, logger.Named("servicecidrs")) }()
 	}
 
 	// 6. The admin server.
@@ -604,6 +607,22 @@ func checkInClusterHost(f *runFlags) error {
 // watchNode follows this node's Node (with a cluster source): its zone
 // label sets the zone of topology hints unless --zone is given, and its
 // deletion or autoscaler taint makes /healthz's nodeEligible false.
+// watchServiceCIDRs routes the cluster's ServiceCIDRs into the TUN besides
+// --service-cidr's, while the cluster has them, and checks the table and
+// the host against every CIDR routed (kube.WatchServiceCIDRs).
+func watchServiceCIDRs(ctx context.Context, client kubernetes.Interface, ext *extRoutes, cf *conflicts, px *proxy.Proxy, logger *zap.Logger) {
+	err := kube.WatchServiceCIDRs(ctx, client, logger, func(cluster []netip.Prefix) {
+		cf.setServiceCIDRs(ext.SetServiceCIDRs(cluster))
+		if t := px.Table(); t != nil {
+			cf.syncTable(t)
+		}
+		cf.checkHost()
+	})
+	if err != nil {
+		logger.Info("the routes follow --service-cidr alone", zap.Error(err))
+	}
+}
+
 func watchNode(ctx context.Context, client kubernetes.Interface, f *runFlags, tracker *service.Tracker, ph *admin.ProxierHealth, logger *zap.Logger) {
 	err := kube.WatchNode(ctx, client, f.nodeName, logger, func(st kube.NodeState) {
 		ph.SetNodeEligible(st.Eligible)

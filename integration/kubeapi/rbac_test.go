@@ -2,7 +2,9 @@ package kubeapi_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -17,7 +19,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/userproxy/userproxy/integration/kubeapi"
 	"github.com/userproxy/userproxy/service"
+	"github.com/userproxy/userproxy/source/kube"
 )
 
 // manifestRBAC is the RBAC of the shipped DaemonSet manifest.
@@ -66,8 +70,9 @@ func tokenFor(t *testing.T, cs kubernetes.Interface, ns, name string) string {
 // TestRBAC applies the RBAC of examples/kubernetes/daemonset.yaml to the API
 // server and runs a Source with its ServiceAccount's token: list and watch
 // on services and endpointslices are enough to sync and follow changes, the
-// token can do nothing more (RBAC is enforced), and each of the four grants
-// is needed: a role without it ends in Forbidden.
+// token can do nothing more (RBAC is enforced), the cluster's ServiceCIDRs
+// are followed, and each grant is needed: a role without it ends in
+// Forbidden.
 func TestRBAC(t *testing.T) {
 	c, cs := startCluster(t)
 	ctx := ctxT(t)
@@ -114,6 +119,31 @@ func TestRBAC(t *testing.T) {
 			t.Errorf("%s on this Node with the userproxy token: %v", verb, err)
 		}
 	}
+
+	// The ServiceCIDR grants: the cluster's service CIDRs are read and
+	// followed (kube.WatchServiceCIDRs).
+	cidrCtx, stopCIDRs := context.WithCancel(ctx)
+	cidrs := make(chan []netip.Prefix, 1)
+	cidrDone := make(chan error, 1)
+	go func() {
+		cidrDone <- kube.WatchServiceCIDRs(cidrCtx, limited, nil, func(p []netip.Prefix) {
+			select {
+			case cidrs <- p:
+			default:
+			}
+		})
+	}()
+	select {
+	case got := <-cidrs:
+		if want := kubeapi.ServiceCIDRs; !slices.Equal(got, want) {
+			t.Errorf("the cluster's service CIDRs with the userproxy token: %v, want %v", got, want)
+		}
+	case err := <-cidrDone:
+		t.Errorf("WatchServiceCIDRs with the userproxy token: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Errorf("WatchServiceCIDRs with the userproxy token: no CIDRs within 30 s")
+	}
+	stopCIDRs()
 
 	// The token is good for nothing else.
 	for what, call := range map[string]func() error{
@@ -167,6 +197,23 @@ func TestRBAC(t *testing.T) {
 			}
 			if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
+			}
+			if slices.Contains(rule.Resources, "servicecidrs") {
+				// Read by kube.WatchServiceCIDRs: without list it
+				// reports them unavailable at once; without watch
+				// its informer's watch is refused.
+				cidrLimited, err := kubernetes.NewForConfig(c.RESTConfig(tokenFor(t, cs, ns, name)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if verb == "list" {
+					if err := kube.WatchServiceCIDRs(ctx, cidrLimited, nil, func([]netip.Prefix) {}); !errors.Is(err, kube.ErrServiceCIDRsUnavailable) {
+						t.Errorf("without list on servicecidrs: %v, want ErrServiceCIDRsUnavailable", err)
+					}
+				} else if _, err := cidrLimited.NetworkingV1().ServiceCIDRs().Watch(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+					t.Errorf("without %s on servicecidrs: %v, want Forbidden", verb, err)
+				}
+				continue
 			}
 			if slices.Contains(rule.Resources, "nodes") {
 				// The Node is read by run (a get at start, then
@@ -224,12 +271,13 @@ func rulesString(rules []rbacv1.PolicyRule) string {
 }
 
 // TestManifestRBACIsMinimal checks the shipped role without a cluster: it
-// grants exactly list and watch on services and endpointslices, and get,
-// list and watch on nodes (this node's, by name: kube.WatchNode).
+// grants exactly list and watch on services and endpointslices, get, list
+// and watch on nodes (this node's, by name: kube.WatchNode), and list and
+// watch on servicecidrs (kube.WatchServiceCIDRs).
 func TestManifestRBACIsMinimal(t *testing.T) {
 	m := readManifestRBAC(t)
 	got := rulesString(m.role.Rules)
-	want := `[list watch] [services] in [""]; [list watch] [endpointslices] in ["discovery.k8s.io"]; [get list watch] [nodes] in [""]`
+	want := `[list watch] [services] in [""]; [list watch] [endpointslices] in ["discovery.k8s.io"]; [get list watch] [nodes] in [""]; [list watch] [servicecidrs] in ["networking.k8s.io"]`
 	if got != want {
 		t.Errorf("ClusterRole rules:\n got %s\nwant %s", got, want)
 	}

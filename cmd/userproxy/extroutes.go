@@ -163,10 +163,7 @@ func (r *extRoutes) SetServiceCIDRs(cluster []netip.Prefix) []netip.Prefix {
 	}
 	for p := range r.mineCIDR {
 		if !wanted[p] {
-			if err := r.ops.del(p); err != nil {
-				r.logger.Warn("removing the route of a service CIDR", zap.Stringer("cidr", p), zap.Error(err))
-			}
-			delete(r.mineCIDR, p)
+			r.removeCIDR(p)
 			r.logger.Info("route removed: the cluster has no such service CIDR any more", zap.Stringer("cidr", p))
 		}
 	}
@@ -223,9 +220,14 @@ func (r *extRoutes) Close() {
 		r.remove(a)
 	}
 	for p := range r.mineCIDR {
-		if err := r.ops.del(p); err != nil {
-			r.logger.Warn("removing the route of a service CIDR", zap.Stringer("cidr", p), zap.Error(err))
-		}
-		delete(r.mineCIDR, p)
+		r.removeCIDR(p)
 	}
+}
+
+// removeCIDR removes the route run added for the cluster's CIDR p.
+func (r *extRoutes) removeCIDR(p netip.Prefix) {
+	if err := r.ops.del(p); err != nil {
+		r.logger.Warn("removing the route of a service CIDR", zap.Stringer("cidr", p), zap.Error(err))
+	}
+	delete(r.mineCIDR, p)
 }

@@ -168,7 +168,7 @@ func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *
 	srv := admin.New(cfg)
 	ln, err := srv.Listen(addr)
 	if err != nil {
-		return nil, fmt.Errorf("admin: %w", err)
+		return nil, listenHint("--admin-addr", addr, errors.Unwrap(err))
 	}
 	done := make(chan struct{}, 2)
 	go func() { // admin server

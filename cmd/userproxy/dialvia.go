@@ -38,7 +38,7 @@ func newPortForwarder(f *runFlags, via proxy.DialVia, logger *zap.Logger) (*kube
 	}
 	cfg, err := kube.RESTConfig(f.kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("--dial-via %s: %w", via, err)
+		return nil, err // the source's configuration: named as such
 	}
 	return kube.NewPortForwarder(kube.PortForwardConfig{REST: cfg, Idle: f.tunnelIdle, Logger: logger})
 }

@@ -18,16 +18,16 @@ func runProcs(ctx context.Context, n int, logger *zap.Logger) {
 	switch {
 	case n > 0:
 		runtime.GOMAXPROCS(n)
-		logger.Info("Go's Ps fixed by --procs", zap.Int("procs", n))
+		logger.Info("GOMAXPROCS fixed by --procs", zap.Int("procs", n))
 		return
 	case os.Getenv("GOMAXPROCS") != "":
-		logger.Info("Go's Ps fixed by GOMAXPROCS", zap.Int("procs", runtime.GOMAXPROCS(0)))
+		logger.Info("GOMAXPROCS fixed by the GOMAXPROCS variable", zap.Int("procs", runtime.GOMAXPROCS(0)))
 		return
 	}
 	most := runtime.GOMAXPROCS(0)
-	logger.Info("Go's Ps set by load", zap.Int("most", most))
+	logger.Info("GOMAXPROCS follows the load: 1 while one CPU keeps up, up to all of them while goroutines wait (--procs N fixes it)", zap.Int("most", most))
 	procs.Run(ctx, procs.Config{Max: most, Changed: func(n int) {
-		if ce := logger.Check(zap.DebugLevel, "Go's Ps changed"); ce != nil {
+		if ce := logger.Check(zap.DebugLevel, "GOMAXPROCS changed"); ce != nil {
 			ce.Write(zap.Int("procs", n))
 		}
 	}})

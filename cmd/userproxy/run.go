@@ -291,9 +291,7 @@ func (f *runFlags) validatedLogger(w io.Writer) (*zap.Logger, error) {
 func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	logger.Info("userproxy starting", zap.String("version", versionString()), zap.String("mode", proxyModeOf(f)),
 		zap.String("scheduler", f.scheduler), zap.String("node", f.nodeName))
-	// 1. A descriptor per proxied connection and flow.
-	logFileLimit(logger)
-	// 2. The proxy and its conntrack table (a random hash seed, a coarse
+	// 1. The proxy and its conntrack table (a random hash seed, a coarse
 	// clock ticked by px.Run, which also sweeps and ends flows), the tracker.
 	timeouts := conntrack.DefaultTimeouts()
 	timeouts.TCPEstablished, timeouts.TCPCloseWait = f.ctEstablished, f.ctCloseWait
@@ -380,7 +378,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		sh.Sync(t)
 	}
 
-	// 3. The source. A bad config at start is fatal, with file, document
+	// 2. The source. A bad config at start is fatal, with file, document
 	// and field named.
 	// client-go's request metrics, for the admin server's registry: set up
 	// before the source so that its first requests count.
@@ -394,6 +392,9 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	// A descriptor per proxied connection and flow: said once the
+	// configuration is known to be good.
+	logFileLimit(logger)
 	if client != nil {
 		readNode(ctx, client, f, tracker, proxierHealth, logger.Named("node"))
 	}
@@ -402,12 +403,12 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	var healthLn net.Listener
 	if f.healthzAddr != "" {
 		if healthLn, err = net.Listen("tcp", f.healthzAddr); err != nil {
-			return fmt.Errorf("--healthz-bind-address: %w", err)
+			return listenHint("--healthz-bind-address", f.healthzAddr, err)
 		}
 		defer healthLn.Close()
 	}
 
-	// 4, 5. The TUN and the stack.
+	// 3. The TUN and the stack.
 	tun, err := openTUN(f.tunName, f.mtu, f.tunOffload, f.serviceCIDRs.values, logger.Named("tun"))
 	if err != nil {
 		return err
@@ -478,7 +479,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		go func() { defer wg.Done(); watchServiceCIDRs(ctx, client, ext, cf, px, logger.Named("servicecidrs")) }()
 	}
 
-	// 6. The admin server.
+	// 4. The admin server.
 	if f.adminAddr != "" {
 		stopAdmin, err := startAdmin(ctx, f.adminAddr, f.controlSocket, adminDeps{proxyMode: proxyModeOf(f), configz: f.configz, ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts, proxierHealth: proxierHealth,
 			rest: rest, families: servedFamilies(f.serviceCIDRs.values), dial: dialView(f.via, px, pf), pf: pf,
@@ -495,7 +496,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	logger.Info("userproxy running", zap.String("tun", tun.name), zap.Stringer("serviceCIDRs", &f.serviceCIDRs),
 		zap.String("node", f.nodeName), zap.String("admin", f.adminAddr), zap.Stringer("dialVia", f.via), f.dns.field())
 
-	// 7. Until a signal, or the source fails for good.
+	// 5. Until a signal, or the source fails for good.
 	select {
 	case <-ctx.Done():
 		logger.Info("shutting down: draining flows", zap.Int("flows", px.Flows()))

@@ -39,7 +39,7 @@ func runSetup(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer func() { _ = logger.Sync() }()
 	if err := setupTUN(*tunName, *userName, *mtu, cidrs.values, *remove, logger); err != nil {
-		return fmt.Errorf("setup: %w", err)
+		return rootHint("setup", err)
 	}
 	if !*remove {
 		fmt.Fprintf(stdout, "TUN device %s is ready for %s; now run, without sudo:\n  userproxy run --tun-name %s --config FILE\n", *tunName, *userName, *tunName)

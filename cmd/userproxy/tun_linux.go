@@ -53,10 +53,7 @@ func openTUN(name string, mtu int, offload bool, cidrs []netip.Prefix, logger *z
 	persistent := existing != nil && isPersistent(existing)
 	d.link, err = netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu), Persistent: persistent, NoOffload: !offload})
 	if err != nil {
-		if existing == nil && errors.Is(err, os.ErrPermission) {
-			return nil, fmt.Errorf("%w (creating a TUN device needs root or CAP_NET_ADMIN; or run `sudo userproxy setup --user $USER` once)", err)
-		}
-		return nil, err
+		return nil, tunHint(name, existing == nil, err)
 	}
 	if d.link.OffloadRefused != nil {
 		logger.Warn("the TUN refused virtio-net headers or TCP offloads; every packet is cut to the MTU", zap.String("device", name), zap.Error(d.link.OffloadRefused))

@@ -33,12 +33,13 @@ func RESTConfigWith(o ClientOptions) (*rest.Config, error) {
 	if o.Kubeconfig == "" && o.Master == "" {
 		cfg, err = rest.InClusterConfig()
 		if err != nil {
-			return nil, fmt.Errorf("in-cluster Kubernetes configuration (pass a kubeconfig when running outside a cluster): %w", err)
+			return nil, fmt.Errorf("no objects to serve: neither --config nor --kubeconfig is given, and this is not a pod (in-cluster configuration: %w); "+
+				"serve a file of Services and EndpointSlices with --config FILE, or a cluster with --kubeconfig FILE", err)
 		}
 	} else {
 		cfg, err = clientcmd.BuildConfigFromFlags(o.Master, o.Kubeconfig)
 		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s: %w", o.Kubeconfig, err)
+			return nil, fmt.Errorf("--kubeconfig %s: %w", o.Kubeconfig, err)
 		}
 	}
 	cfg.UserAgent = "userproxy"

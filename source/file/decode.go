@@ -52,6 +52,9 @@ type DecodeError struct {
 	Document int
 	// Line is the line the document starts on, from 1.
 	Line int
+	// FieldLine is the line of the offending field (YAML), or of the
+	// YAML error, when it is known; else 0.
+	FieldLine int
 	// Item is the index in a List's items, or -1.
 	Item int
 	// Object names the object ("Service ns/name") when it is known.
@@ -62,11 +65,17 @@ type DecodeError struct {
 	Err error
 }
 
-// Error reads like `svc.yaml: document 2 (line 14): items[3]: Service
-// default/web: spec.clusterIP: Invalid value: "x": must be a valid IP address`.
+// Error reads like `svc.yaml:17: document 2 (line 14): items[3]: Service
+// default/web: spec.clusterIP: Invalid value: "x": must be a valid IP
+// address`: the file and the line of the field (the document's first when
+// the field's is not known), as compilers write them, then the document.
 func (e *DecodeError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: document %d (line %d)", e.File, e.Document, e.Line)
+	line := e.Line
+	if e.FieldLine > 0 {
+		line = e.FieldLine
+	}
+	fmt.Fprintf(&b, "%s:%d: document %d (line %d)", e.File, line, e.Document, e.Line)
 	if e.Item >= 0 {
 		fmt.Fprintf(&b, ": items[%d]", e.Item)
 	}
@@ -278,13 +287,23 @@ func decodeFile(name string, data []byte) ([]object, error) {
 		fail := func(item int, objName string, err error) error {
 			e := &DecodeError{File: name, Document: d.n, Line: d.line, Item: item, Object: objName, Err: err}
 			e.Field = fieldOf(err)
+			if e.Field != "" && !d.json {
+				if l := fieldLine(d.data, item, e.Field); l > 0 {
+					e.FieldLine = l + d.first - 1
+				}
+			}
 			return e
 		}
 		js := d.data
 		if !d.json {
 			js, err = yaml.YAMLToJSONStrict(d.data)
 			if err != nil {
-				return nil, fail(-1, "", fmt.Errorf("invalid YAML: %s", fileLines(err.Error(), d.first)))
+				msg := fileLines(err.Error(), d.first)
+				e := fail(-1, "", fmt.Errorf("invalid YAML: %s", msg)).(*DecodeError)
+				if m := yamlLine.FindStringSubmatch(msg); m != nil {
+					e.FieldLine, _ = strconv.Atoi(m[1])
+				}
+				return nil, e
 			}
 		}
 		if bytes.Equal(bytes.TrimSpace(js), []byte("null")) {

@@ -1,13 +1,15 @@
 package file
 
 import (
+	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 )
 
 // FuzzDecodeFile feeds arbitrary bytes to the configuration decoder, as a
 // .yaml and as a .json file: it must return objects or an error naming the
-// file, and never panic.
+// file and a line of it (file:line:), and never panic.
 func FuzzDecodeFile(f *testing.F) {
 	f.Add([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns1}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n"))
 	f.Add([]byte("---\n# c\n---\napiVersion: v1\nkind: List\nitems:\n- apiVersion: discovery.k8s.io/v1\n  kind: EndpointSlice\n  metadata: {name: s, labels: {kubernetes.io/service-name: web}}\n  addressType: IPv6\n  endpoints: [{addresses: ['fd00::1']}]\n...\n"))
@@ -19,8 +21,11 @@ func FuzzDecodeFile(f *testing.F) {
 		for _, name := range []string{"fuzz.yaml", "fuzz.json"} {
 			objs, err := decodeFile(name, data)
 			if err != nil {
-				if !strings.HasPrefix(err.Error(), name+": ") {
-					t.Fatalf("error does not name the file: %v", err)
+				// file:line: with a line of the file.
+				var line int
+				if _, serr := fmt.Sscanf(strings.TrimPrefix(err.Error(), name+":"), "%d:", &line); serr != nil ||
+					!strings.HasPrefix(err.Error(), name+":") || line < 1 || line > bytes.Count(data, []byte("\n"))+1 {
+					t.Fatalf("error does not name the file and a line of it: %v", err)
 				}
 				continue
 			}

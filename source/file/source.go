@@ -198,6 +198,9 @@ func (s *Source) load() error {
 			s.stats.EndpointSlices++
 		}
 	}
+	if nfiles == 0 {
+		s.log.Warn("the configuration directory has no files: no Service is served until one appears (.yaml, .yml or .json; names starting with a dot are skipped)")
+	}
 	if first {
 		s.h.OnSynced()
 		s.log.Info("configuration loaded", zap.Int("files", nfiles),
@@ -237,10 +240,12 @@ func (s *Source) read() (map[string]object, int, [sha256.Size]byte, error) {
 		if decodeErr != nil {
 			continue // keep hashing, so an unchanged bad state is recognized
 		}
-		if len(data) == 0 && s.loaded {
-			// Most likely caught between truncate and write: taking it at
-			// its word would delete every service it held.
-			decodeErr = fmt.Errorf("%s: empty file (being written?); to mean no objects, leave a comment in it", f)
+		if len(data) == 0 {
+			// On a reload most likely caught between truncate and write:
+			// taking it at its word would delete every service it held.
+			// Refused at start too, so that a file is read the same way
+			// whenever it is read.
+			decodeErr = fmt.Errorf("%s: empty file (or one being written): to mean no objects, leave a comment in it (# none)", f)
 			continue
 		}
 		got, err := decodeFile(f, data)

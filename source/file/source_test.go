@@ -513,7 +513,10 @@ func TestLoadJSONDocumentErrors(t *testing.T) {
 					de.File, de.Document, de.Line, de.Field, path, c.document, c.line, c.field)
 			}
 			msg := err.Error()
-			for _, want := range append([]string{fmt.Sprintf("%s: document %d (line %d)", path, c.document, c.line)}, c.message...) {
+			if !strings.HasPrefix(msg, path+":") {
+				t.Errorf("error %q does not start with the file", msg)
+			}
+			for _, want := range append([]string{fmt.Sprintf(": document %d (line %d)", c.document, c.line)}, c.message...) {
 				if !strings.Contains(msg, want) {
 					t.Errorf("error %q does not contain %q", msg, want)
 				}
@@ -573,85 +576,100 @@ func TestLoadDirectory(t *testing.T) {
 }
 
 // TestLoadErrors: a bad document at start is refused with the file, the
-// document (and its line) and the field named.
+// document (and its line) and the field named, and with the line of the
+// field itself (file:line) where the document has it.
 func TestLoadErrors(t *testing.T) {
 	const goodSvc = "apiVersion: v1\nkind: Service\nmetadata: {name: ok, namespace: ns1}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n"
 	cases := []struct {
 		name    string
 		doc     string // the second document of the file
 		field   string // DecodeError.Field, when one field is at fault
+		line    int    // the line the error names: the field's, else the document's (6)
 		message []string
 	}{
 		{
 			name:    "unknown field",
+			line:    11,
 			doc:     "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns1}\nspec:\n  clusterIP: 10.96.0.10\n  clusterIp: 10.96.0.11\n  ports: [{port: 80}]\n",
 			field:   "spec.clusterIp",
 			message: []string{`unknown field "spec.clusterIp"`, "Service ns1/web"},
 		},
 		{
 			name:    "unknown field in an EndpointSlice endpoint",
+			line:    10,
 			doc:     "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, namespace: ns1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints: [{addresses: [10.0.0.1], ready: true}]\n",
 			field:   "endpoints[0].ready",
 			message: []string{`unknown field "endpoints[0].ready"`},
 		},
 		{
 			name:    "bad ClusterIP",
+			line:    9,
 			doc:     "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns1}\nspec: {clusterIP: 10.96.0.300, ports: [{port: 80}]}\n",
 			field:   "spec.clusterIP",
 			message: []string{"spec.clusterIP", "10.96.0.300"},
 		},
 		{
 			name:    "missing name",
+			line:    8,
 			doc:     "apiVersion: v1\nkind: Service\nmetadata: {namespace: ns1}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n",
 			field:   "metadata.name",
 			message: []string{"metadata.name: Required value"},
 		},
 		{
 			name:    "port out of range",
+			line:    9,
 			doc:     "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns1}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 70000}]}\n",
 			field:   "spec.ports[0].port",
 			message: []string{"spec.ports[0].port"},
 		},
 		{
 			name:    "wrong type",
+			line:    6,
 			doc:     "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns1}\nspec: {clusterIP: 10.96.0.10, ports: [{port: eighty}]}\n",
 			message: []string{"port"},
 		},
 		{
 			name:    "slice without service label",
+			line:    8,
 			doc:     "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, namespace: ns1}\naddressType: IPv4\nendpoints: [{addresses: [10.0.0.1]}]\n",
 			field:   "metadata.labels[kubernetes.io/service-name]",
 			message: []string{"kubernetes.io/service-name"},
 		},
 		{
 			name:    "endpoint address of the wrong family",
+			line:    10,
 			doc:     "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, namespace: ns1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints: [{addresses: ['fd00::1']}]\n",
 			field:   "endpoints[0].addresses[0]",
 			message: []string{"endpoints[0].addresses[0]"},
 		},
 		{
 			name:    "unsupported kind",
+			line:    6,
 			doc:     "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n",
 			message: []string{`unsupported apiVersion "apps/v1" kind "Deployment"`},
 		},
 		{
 			name:    "missing kind",
+			line:    6,
 			doc:     "apiVersion: v1\nmetadata: {name: web}\n",
 			field:   "kind",
 			message: []string{"kind: Required value"},
 		},
 		{
 			name:    "YAML syntax",
+			line:    8,
 			doc:     "apiVersion: v1\nkind: Service\nmetadata: {name: web\n",
 			message: []string{"invalid YAML", "yaml: line 8:"},
 		},
 		{
 			name:    "duplicate key",
+			line:    8,
 			doc:     "apiVersion: v1\nkind: Service\nkind: Service\nmetadata: {name: web, namespace: ns1}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n",
 			message: []string{"invalid YAML", `line 8: key "kind" already set`},
 		},
 		{
 			name:    "bad item in a List",
+			line:    12,
 			doc:     "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: web, namespace: ns1}\n  spec: {clusterIP: None, ports: [{port: 80}], bogus: 1}\n",
 			field:   "spec.bogus",
 			message: []string{"items[0]", `unknown field "spec.bogus"`},
@@ -676,7 +694,7 @@ func TestLoadErrors(t *testing.T) {
 					de.File, de.Document, de.Line, de.Field, path, c.field)
 			}
 			msg := err.Error()
-			for _, want := range append([]string{path + ": document 2 (line 6)"}, c.message...) {
+			for _, want := range append([]string{fmt.Sprintf("%s:%d: document 2 (line 6)", path, c.line)}, c.message...) {
 				if !strings.Contains(msg, want) {
 					t.Errorf("error %q does not contain %q", msg, want)
 				}
@@ -924,21 +942,36 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
+// TestLoadEmpty: an empty directory loads with nothing and says so (a
+// warning: nothing is served); an empty file is refused at start as on a
+// reload, with the same message and the fix; a file with only a comment
+// means no objects.
 func TestLoadEmpty(t *testing.T) {
 	dir := t.TempDir()
 	rec := newRecorder()
-	if err := file.New(dir, rec, nil).Load(); err != nil {
+	core, logs := observer.New(zapcore.InfoLevel)
+	if err := file.New(dir, rec, zap.New(core)).Load(); err != nil {
 		t.Fatal(err)
 	}
-	write(t, filepath.Join(dir, "empty.yaml"), "")
+	if diff := cmp.Diff([]string{"synced"}, rec.take()); diff != "" {
+		t.Errorf("an empty directory must sync with nothing (-want +got):\n%s", diff)
+	}
+	if w := logs.FilterLevelExact(zapcore.WarnLevel).FilterMessageSnippet("has no files").Len(); w != 1 {
+		t.Errorf("%d warnings about the empty directory, want 1", w)
+	}
+	path := filepath.Join(dir, "empty.yaml")
+	write(t, path, "")
+	err := file.New(path, newRecorder(), nil).Load()
+	if err == nil || !strings.Contains(err.Error(), path+": empty file") || !strings.Contains(err.Error(), "leave a comment in it") {
+		t.Errorf("an empty file at start: %v", err)
+	}
+	write(t, path, "# none yet\n")
 	rec2 := newRecorder()
-	if err := file.New(filepath.Join(dir, "empty.yaml"), rec2, nil).Load(); err != nil {
+	if err := file.New(path, rec2, nil).Load(); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range []*recorder{rec, rec2} {
-		if diff := cmp.Diff([]string{"synced"}, r.take()); diff != "" {
-			t.Errorf("an empty start must sync with nothing (-want +got):\n%s", diff)
-		}
+	if diff := cmp.Diff([]string{"synced"}, rec2.take()); diff != "" {
+		t.Errorf("a file with a comment must sync with nothing (-want +got):\n%s", diff)
 	}
 }
 

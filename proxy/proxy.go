@@ -129,10 +129,11 @@ type Proxy struct {
 	reopenGrace time.Duration
 	ctClock     conntrack.Clock
 
-	udpSessions atomic.Int64
-	stats       counters
-	ways        wayMemory      // ViaAuto's (dialvia.go)
-	probes      sync.WaitGroup // ViaAuto's UDP probes (dialvia.go)
+	udpSessions    atomic.Int64
+	stats          counters
+	unusableLogged atomic.Bool    // the warning about an unusable source was logged
+	ways           wayMemory      // ViaAuto's (dialvia.go)
+	probes         sync.WaitGroup // ViaAuto's UDP probes (dialvia.go)
 	// locals maps the addresses of local servers to their handlers
 	// (copy-on-write; see SetLocal).
 	locals  atomic.Pointer[map[netip.AddrPort]LocalHandler]
@@ -295,10 +296,27 @@ func (p *Proxy) SetTable(t *service.Table, changes service.Changes) {
 	}
 }
 
+// unusableSource reports whether no reply can reach src: the unspecified
+// address, 0.0.0.0/8 ("this network", RFC 1122 3.2.1.3), multicast, and
+// IPv4's limited broadcast. The kernel takes such sources for martians on
+// input (ip_route_input_slow).
+func unusableSource(src netip.Addr) bool {
+	return src.IsUnspecified() || src.IsMulticast() || (src.Is4() && (src.As4()[0] == 0 || src == netip.AddrFrom4([4]byte{255, 255, 255, 255})))
+}
+
 // Admit is the gate's admission function (step 1).
 func (p *Proxy) Admit(flow conntrack.Tuple) netstack.Decision {
 	if p.closing.Load() {
 		return netstack.Reject
+	}
+	if src := flow.SrcAddr(); unusableSource(src) {
+		p.stats.count(flow.Proto(), ResultDroppedUnusableSource)
+		if p.unusableLogged.CompareAndSwap(false, true) {
+			p.logger.Warn("flows from an address no reply can reach are dropped: the client has no address the route to the service can use as its source "+
+				"(a host or network namespace with loopback only?); give one of its interfaces an address, or the route one (ip route change CIDR dev TUN src ADDRESS). Logged once, counted as userproxy_flows_total{result=\"dropped_unusable_source\"}",
+				zap.Stringer("source", src), zap.Stringer("destination", flow.Dst()))
+		}
+		return netstack.Drop
 	}
 	proto := service.TCP
 	if flow.Proto() == conntrack.UDP {

@@ -6,10 +6,14 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -120,6 +124,37 @@ func TestAdmitDecisions(t *testing.T) {
 	if s.Flows[0][ResultRejectedNoService] != 3 || s.Flows[1][ResultRejectedNoService] != 1 ||
 		s.Flows[0][ResultRejectedNoEndpoints] != 1 || s.Flows[0][ResultDroppedLocalPolicy] != 1 {
 		t.Errorf("flow counters %+v", s.Flows)
+	}
+}
+
+// TestAdmitUnusableSource: a flow from an address no reply can reach
+// (0.0.0.0 from a namespace with loopback only, ::, multicast, broadcast,
+// 0.0.0.0/8) is dropped, counted as dropped_unusable_source, and the
+// warning saying what to do is logged once.
+func TestAdmitUnusableSource(t *testing.T) {
+	core, logs := observer.New(zapcore.WarnLevel)
+	p, tr, _ := newTestProxyWith(t, Config{Logger: zap.New(core)}, true)
+	tr.OnServiceAdd(svc("web", "10.96.0.1", v1.ProtocolTCP, 80))
+	tr.OnEndpointSliceAdd(slice("web", "web-1", v1.ProtocolTCP, 8080, "node-b", "10.0.0.1"))
+	tr.OnSynced()
+	for _, src := range []string{"0.0.0.0:5000", "[::]:5000", "224.0.0.1:5000", "255.255.255.255:5000", "0.1.2.3:5000", "[ff02::1]:5000"} {
+		dst := "10.96.0.1:80"
+		if netip.MustParseAddrPort(src).Addr().Is6() {
+			dst = "[fd00::1]:80"
+		}
+		if got := p.Admit(conntrack.MakeTuple(conntrack.TCP, netip.MustParseAddrPort(src), netip.MustParseAddrPort(dst))); got != netstack.Drop {
+			t.Errorf("from %s: Admit = %v, want Drop", src, got)
+		}
+	}
+	if got := p.Admit(conntrack.MakeTuple(conntrack.TCP, netip.MustParseAddrPort("192.0.2.1:5000"), netip.MustParseAddrPort("10.96.0.1:80"))); got != netstack.Accept {
+		t.Errorf("from a usable address: Admit = %v, want Accept", got)
+	}
+	if n := p.Stats().Flows[0][ResultDroppedUnusableSource]; n != 6 {
+		t.Errorf("dropped_unusable_source %d, want 6", n)
+	}
+	warned := logs.FilterMessageSnippet("no reply can reach")
+	if warned.Len() != 1 || !strings.Contains(warned.All()[0].Message, "give one of its interfaces an address") {
+		t.Errorf("warnings: %+v", logs.All())
 	}
 }
 

@@ -32,10 +32,14 @@ const (
 	// and that cannot go that way: UDP (pods/portforward carries TCP only),
 	// or an endpoint whose EndpointSlice names no Pod (dialvia.go).
 	ResultNoWay
+	// ResultDroppedUnusableSource: a flow from an address no reply can
+	// reach (0.0.0.0, ::, multicast, broadcast): a client host without an
+	// address the route into the TUN can take as its source.
+	ResultDroppedUnusableSource
 	numResults
 )
 
-var resultNames = [numResults]string{"proxied", "rejected_no_service", "rejected_no_endpoints", "dropped_local_policy", "dial_failed", "table_full", "local", "dropped_source_range", "in_flight_limited", "no_way_to_endpoint"}
+var resultNames = [numResults]string{"proxied", "rejected_no_service", "rejected_no_endpoints", "dropped_local_policy", "dial_failed", "table_full", "local", "dropped_source_range", "in_flight_limited", "no_way_to_endpoint", "dropped_unusable_source"}
 
 func (r Result) String() string { return resultNames[r] }
 

@@ -4,5 +4,5 @@
 //
 // The root package holds no code of its own; it keeps the repository-wide
 // tests (package documentation and import directions, see layout_test.go).
-// The map of packages is in DESIGN.md section 1 and README.md.
+// The map of packages is in DESIGN.md section 1 and docs/internals.md.
 package userproxy

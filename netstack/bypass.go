@@ -152,7 +152,7 @@ var ErrReplyDropped = errors.New("netstack: UDP reply dropped (send buffer full)
 
 // Reply sends b to the client from the service address without ever
 // waiting: the gate writes it (udpreply.go), or, past the link's MTU, the
-// flow's gVisor endpoint, whose fragments the gate drops (README,
+// flow's gVisor endpoint, whose fragments the gate drops (docs/conformance.md,
 // differences). A datagram the link or a full send buffer cannot take is
 // dropped (ErrReplyDropped), and so is one the endpoint refuses for an ICMP
 // error the client sent; any other error means the flow or the stack is

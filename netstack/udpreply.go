@@ -9,7 +9,7 @@ package netstack
 // send buffer accounting, its route and its header building, per datagram
 // (BENCHMARKS.md, tuning log). A reply that does not fit the link's MTU
 // still goes through the endpoint, which fragments it, and the gate then
-// drops the fragments as INVALID (README, differences). An ICMP error the
+// drops the fragments as INVALID (docs/conformance.md, differences). An ICMP error the
 // client sent no longer costs the next reply: the endpoint reported it as
 // that reply's failure, and the datagram was dropped; the gate writes it, as
 // the kernel's NAT would forward it.

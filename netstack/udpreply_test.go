@@ -152,7 +152,7 @@ func testUDPReplyWrittenByTheGate(t *testing.T, bytes bool) {
 				t.Errorf("gVisor's UDP sent %d datagrams, want %d", got, len(h.sizes)+1)
 			}
 			// Past the MTU both replies are gVisor's: fragments, which the
-			// gate drops as INVALID (README, differences).
+			// gate drops as INVALID (docs/conformance.md, differences).
 			if got := st.counters.invalidOut.Load(); got != 4 {
 				t.Errorf("%d outbound packets INVALID, want the 4 fragments of the 2 replies past the MTU", got)
 			}

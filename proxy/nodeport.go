@@ -16,7 +16,7 @@ package proxy
 //     the entry.
 //  3. A refused flow is reset (TCP) or dropped (UDP): the kernel completed
 //     the handshake before the proxy could decide, so REJECT and DROP are
-//     not exact here (README).
+//     not exact here (docs/conformance.md).
 //  4. The entry is touched while the flow is active and deleted when the
 //     flow ends on its own; its removal otherwise (timeout, flush, endpoint
 //     gone) ends the flow through the reaper, as for every flow.

@@ -83,7 +83,7 @@ func TestStaleUDPFollowsServing(t *testing.T) {
 			after:  []discoveryv1.Endpoint{ep("10.0.0.1", terminating(false)), ep("10.0.0.2", terminating(false))},
 		},
 		{
-			name:      "Service deleted: every endpoint is stale (a difference: see README)",
+			name:      "Service deleted: every endpoint is stale (a difference: see docs/conformance.md)",
 			before:    []discoveryv1.Endpoint{ep("10.0.0.1"), ep("10.0.0.2", terminating(true))},
 			wantStale: []string{"10.0.0.1:5353", "10.0.0.2:5353"},
 		},

@@ -92,14 +92,20 @@ func servedFamilies(cidrs []netip.Prefix) []service.Family {
 	return fams
 }
 
-// startAdmin serves the admin endpoints on addr until ctx ends; the returned
-// function waits for the server to stop.
-func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *zap.Logger) (func(), error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+// registerMetrics registers every metric the admin server serves:
+// Go's and the process's, the host conflicts, the build, kube-proxy's
+// health answers, client-go's requests, and admin's over sources.
+// TestMetricsReference holds docs/metrics.md to what it registers.
+func registerMetrics(reg prometheus.Registerer, d adminDeps, sources admin.Sources) error {
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		return fmt.Errorf("admin: registering Go's metrics: %w", err)
+	}
+	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+		return fmt.Errorf("admin: registering the process metrics: %w", err)
+	}
 	if cf := d.conflicts; cf != nil {
 		for _, cause := range conflictCauses {
-			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name:        "userproxy_host_conflicts",
 				Help:        "1 while something keeps Service traffic from the TUN, by cause: kube-proxy's rules on the host, ClusterIPs as local addresses, a route for a service CIDR elsewhere, ClusterIPs outside every --service-cidr.",
 				ConstLabels: prometheus.Labels{"cause": cause},
@@ -108,29 +114,44 @@ func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *
 					return 1
 				}
 				return 0
-			}))
+			})); err != nil {
+				return fmt.Errorf("admin: registering userproxy_host_conflicts: %w", err)
+			}
 		}
 	}
 	b := readBuildInfo()
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        "userproxy_build_info",
 		Help:        "Always 1: the version of this binary, its commit and the Go version that built it, as labels.",
 		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
-	}, func() float64 { return 1 }))
+	}, func() float64 { return 1 })); err != nil {
+		return fmt.Errorf("admin: registering userproxy_build_info: %w", err)
+	}
+	if d.proxierHealth != nil {
+		// kubeproxy_proxy_healthz_total, _livez_total
+		if err := reg.Register(d.proxierHealth); err != nil {
+			return fmt.Errorf("admin: registering the health answers: %w", err)
+		}
+	}
+	if d.rest != nil {
+		if err := d.rest.register(reg); err != nil {
+			return fmt.Errorf("admin: registering the REST client metrics: %w", err)
+		}
+	}
+	if err := admin.RegisterMetrics(reg, sources); err != nil {
+		return fmt.Errorf("admin: registering metrics: %w", err)
+	}
+	return nil
+}
+
+// adminSources are the sources of admin's metrics among d.
+func adminSources(d adminDeps) admin.Sources {
 	sources := admin.Sources{
 		Conntrack: d.ct,
 		Proxy:     d.px,
 		Tracker:   d.tracker,
 		Gate:      func() admin.GateStats { return admin.GateStats(d.st.Stats()) },
 		Families:  d.families,
-	}
-	if d.proxierHealth != nil {
-		reg.MustRegister(d.proxierHealth) // kubeproxy_proxy_healthz_total, _livez_total
-	}
-	if d.rest != nil {
-		if err := d.rest.register(reg); err != nil {
-			return nil, fmt.Errorf("admin: registering the REST client metrics: %w", err)
-		}
 	}
 	if np := d.nodePorts; np != nil {
 		sources.NodePorts = func() admin.NodePortStats { return admin.NodePortStats{Open: np.Listening(), Failed: len(np.Failed())} }
@@ -143,6 +164,19 @@ func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *
 	}
 	if fs, ok := d.src.(*file.Source); ok {
 		sources.ReloadErrors = func() uint64 { return fs.Stats().Errors }
+	}
+	if d.dns != nil { // a nil *Responder in an interface would not be nil
+		sources.DNS = d.dns
+	}
+	return sources
+}
+
+// startAdmin serves the admin endpoints on addr until ctx ends; the returned
+// function waits for the server to stop.
+func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *zap.Logger) (func(), error) {
+	reg := prometheus.NewRegistry()
+	if err := registerMetrics(reg, d, adminSources(d)); err != nil {
+		return nil, err
 	}
 	cfg := admin.Config{
 		Logger:    logger,
@@ -160,10 +194,7 @@ func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *
 		Configz:   d.configz,
 	}
 	if d.dns != nil { // a nil *Responder in an interface would not be nil
-		sources.DNS, cfg.DNS = d.dns, d.dns
-	}
-	if err := admin.RegisterMetrics(reg, sources); err != nil {
-		return nil, fmt.Errorf("admin: registering metrics: %w", err)
+		cfg.DNS = d.dns
 	}
 	srv := admin.New(cfg)
 	ln, err := srv.Listen(addr)

@@ -5,6 +5,7 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -134,4 +135,23 @@ func call(ctx context.Context, method, adminAddr, path string, q url.Values) (st
 		return "", fmt.Errorf("admin server at %s: %s %s: %s: %s", baseURL(adminAddr), method, path, resp.Status, strings.TrimSpace(string(body)))
 	}
 	return string(body), nil
+}
+
+// FetchExplain asks the proxy at adminAddr what a new flow from client to
+// dst (IP:PORT or a service's name and port) would meet
+// (/debug/explain).
+func FetchExplain(ctx context.Context, adminAddr, dst, client, protocol string, nodePort bool) (ExplainAnswer, error) {
+	q := url.Values{"to": {dst}, "from": {client}, "protocol": {protocol}}
+	if nodePort {
+		q.Set("nodeport", "true")
+	}
+	body, err := call(ctx, http.MethodGet, adminAddr, "/debug/explain", q)
+	if err != nil {
+		return ExplainAnswer{}, err
+	}
+	var a ExplainAnswer
+	if err := json.Unmarshal([]byte(body), &a); err != nil {
+		return ExplainAnswer{}, fmt.Errorf("admin server at %s: /debug/explain: %w", baseURL(adminAddr), err)
+	}
+	return a, nil
 }

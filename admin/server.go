@@ -7,7 +7,7 @@ package admin
 //  2. the mux routes by method and path: /healthz and /livez (health.go),
 //     /metrics, /debug/conntrack (GET) and /debug/conntrack/flush (POST),
 //     /debug/services, /debug/rules, /debug/dns (views.go), /debug/ipvs
-//     (ipvs.go);
+//     (ipvs.go), /debug/explain (explain.go, JSON);
 //  3. each handler reads the current state through Config (the health
 //     check, the gatherer, the service table, the conntrack table, the
 //     IPVS snapshot) and answers in plain text.
@@ -91,6 +91,10 @@ type Config struct {
 	// what the auto policy remembers and the tunnels through the API
 	// server. nil: the page says every flow goes direct.
 	Dial func() DialView
+	// Explain serves /debug/explain: what a new flow would meet
+	// (userproxy explain); Destination reads its "to". nil: 404.
+	Explain     func(proxy.ExplainQuery) proxy.Explanation
+	Destination func(string) (netip.AddrPort, error)
 	// Profiling serves Go's profiles under /debug/pprof/ (kube-proxy's
 	// enableProfiling). Off by default: a CPU profile costs the datapath.
 	Profiling bool
@@ -155,6 +159,9 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("GET /debug/rules", s.rules)
 	mux.HandleFunc("GET /debug/ipvs", s.ipvs)
 	mux.HandleFunc("GET /debug/dial", s.dial)
+	if cfg.Explain != nil && cfg.Destination != nil {
+		mux.HandleFunc("GET /debug/explain", s.explain)
+	}
 	if cfg.Profiling {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
@@ -261,6 +268,7 @@ func (s *Server) index(w http.ResponseWriter, _ *http.Request) {
 /debug/services          service ports, their endpoints, skipped services
 /debug/rules             the iptables rules kube-proxy would write (?format=save|restore&family=4|6)
 /debug/ipvs              the table as ipvsadm -Ln lists it in kube-proxy's IPVS mode (?stats=1 or ?rate=1)
+/debug/explain           what a new flow would meet, as JSON (?to=IP:PORT|NAME.NS:PORT&from=IP[&protocol=udp][&nodeport=true]; userproxy explain)
 /debug/dns               the cluster DNS responder: addresses, whether it steps aside for a Service, queries
 `)
 }

@@ -197,6 +197,21 @@ func (t *Template) find(eps []Endpoint) int {
 	return i
 }
 
+// Peek returns what Pick would answer for client from its template alone:
+// the index in eps of the template's destination while the template is
+// alive and the destination listed, without using or changing it.
+func (p *Persistence) Peek(client netip.Addr, eps []Endpoint) (int, bool) {
+	client = client.Unmap()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t := p.templates[client]; t != nil && t.alive(p.now()) {
+		if i := slices.IndexFunc(eps, func(e Endpoint) bool { return e.Addr == t.dest }); i >= 0 {
+			return i, true
+		}
+	}
+	return -1, false
+}
+
 // Sweep drops the templates that have expired and returns how many.
 func (p *Persistence) Sweep() int {
 	p.mu.Lock()

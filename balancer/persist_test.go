@@ -57,6 +57,10 @@ func TestPersistenceIPVSTemplates(t *testing.T) {
 				if s.release >= 0 {
 					tmpls[s.release].Release()
 				}
+				// Peek (userproxy explain) foretells the template's answer.
+				if pi, ok := p.Peek(s.client, eps); ok != s.byTmpl || (ok && pi != s.want) {
+					t.Fatalf("step %d: Peek %d %v, want %v (Pick: %d)", i, pi, ok, s.byTmpl, s.want)
+				}
 				asked := false
 				got, tmpl, by := p.Pick(s.client, eps, func() int { asked = true; return s.sched })
 				if got != s.want || by != s.byTmpl || asked == by || tmpl == nil {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -86,6 +87,19 @@ func TestResolveExternalFlows(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			flow := conntrack.MakeTuple(conntrack.TCP, netip.AddrPortFrom(tc.src, 40000), netip.MustParseAddrPort(tc.dst))
+			// userproxy explain agrees with the datapath: its verdict and
+			// endpoints are Admit's and route's.
+			ex := p.Explain(ExplainQuery{Protocol: service.TCP, Client: tc.src, Destination: netip.MustParseAddrPort(tc.dst), LeftOut: tr.LeftOut})
+			if want := map[netstack.Decision]string{netstack.Accept: "FORWARD", netstack.Reject: "REJECT", netstack.Drop: "DROP"}[tc.want]; ex.Verdict != want {
+				t.Errorf("Explain verdict %s, want %s: %+v", ex.Verdict, want, ex)
+			}
+			var explained []string
+			for _, e := range ex.Endpoints {
+				explained = append(explained, e.Address)
+			}
+			if slices.Sort(explained); !slices.Equal(explained, tc.eps) {
+				t.Errorf("Explain endpoints %v, want %v", explained, tc.eps)
+			}
 			if got := p.Admit(flow); got != tc.want {
 				t.Fatalf("Admit = %v, want %v", got, tc.want)
 			}
@@ -136,6 +150,16 @@ func TestResolveExternalFlows(t *testing.T) {
 		tg := p.resolveNodePort(p.Table(), service.TCP, service.IPv4, tc.src, tc.nodePort)
 		if tg.v != tc.v || tg.set != tc.set || tg.dropped {
 			t.Errorf("%s: verdict %v set %v dropped %v, want %v %v", tc.name, tg.v, tg.set, tg.dropped, tc.v, tc.set)
+		}
+		ex := p.Explain(ExplainQuery{Protocol: service.TCP, Client: tc.src, Destination: netip.AddrPortFrom(netip.MustParseAddr("192.0.2.100"), tc.nodePort),
+			NodePort: true, LeftOut: tr.LeftOut})
+		want := map[service.Verdict]string{service.Forward: "FORWARD", service.NoLocalEndpoints: "DROP", service.NotService: "REJECT"}[tc.v]
+		if ex.Verdict != want {
+			t.Errorf("%s: Explain verdict %s, want %s", tc.name, ex.Verdict, want)
+		}
+		if tc.nodePort == 30081 && tc.set == setExternal &&
+			(len(ex.LeftOut) != 1 || ex.LeftOut[0].Address != "10.0.0.2:8080" || !strings.Contains(ex.LeftOut[0].Why, "externalTrafficPolicy is Local")) {
+			t.Errorf("%s: Explain left out %+v, want 10.0.0.2:8080 for externalTrafficPolicy Local", tc.name, ex.LeftOut)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package service_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -517,7 +518,28 @@ func TestPacketFlows(t *testing.T) {
 			if diff := cmp.Diff(r.want, got); diff != "" {
 				t.Errorf("flow %s -> %s/%s (-want +got):\n%s", r.client, r.dst, r.proto, diff)
 			}
+			checkLeftOut(t, tr, r.proto, r.dst)
 		})
+	}
+}
+
+// checkLeftOut holds userproxy explain's account of the endpoints to the
+// table on a packet-flow row: an endpoint it says is left out is not in
+// the set the flow picks from, and each has a reason of categorize's.
+func checkLeftOut(t *testing.T, tr *service.Tracker, proto service.Protocol, dst string) {
+	t.Helper()
+	ap := addrPort(t, dst)
+	p, _ := tr.Current().Lookup(proto, ap.Addr(), ap.Port())
+	if p == nil {
+		return
+	}
+	for _, lo := range tr.LeftOut(p, p.Endpoints, false) {
+		if slices.Contains(p.EndpointKeys, lo.Endpoint.Key()) {
+			t.Errorf("%s: %s is in the set, yet explained as left out: %s", dst, lo.Endpoint.Key(), lo.Why)
+		}
+		if lo.Why == "" || lo.Why == "not in this set" {
+			t.Errorf("%s: %s left out without a reason", dst, lo.Endpoint.Key())
+		}
 	}
 }
 

@@ -47,6 +47,7 @@ type adminDeps struct {
 	proxyMode     string              // /proxyMode
 	configz       func() ([]byte, error)
 	conflicts     *conflicts // what keeps traffic from the TUN: /readyz, userproxy_host_conflicts
+	clusterDomain string     // for /debug/explain's service names
 }
 
 // proxyModeOf is /proxyMode's answer: kube-proxy's mode as configured, or
@@ -192,6 +193,11 @@ func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *
 		Profiling: d.profiling,
 		ProxyMode: d.proxyMode,
 		Configz:   d.configz,
+		Explain: func(q proxy.ExplainQuery) proxy.Explanation {
+			q.LeftOut = d.tracker.LeftOut
+			return d.px.Explain(q)
+		},
+		Destination: func(s string) (netip.AddrPort, error) { return d.px.Destination(s, d.clusterDomain) },
 	}
 	if d.dns != nil { // a nil *Responder in an interface would not be nil
 		cfg.DNS = d.dns

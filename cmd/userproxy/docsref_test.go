@@ -68,6 +68,7 @@ func TestFlagsReference(t *testing.T) {
 		{"`userproxy ipvs`", []string{"ipvs"}},
 		{"`userproxy demo`", []string{"demo"}},
 		{"`userproxy cleanup`", []string{"cleanup"}},
+		{"`userproxy explain`", []string{"explain"}},
 		{"`kube-proxy`", []string{"kube-proxy"}},
 	} {
 		var out, errOut bytes.Buffer

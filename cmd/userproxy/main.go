@@ -29,6 +29,7 @@ Usage:
   userproxy ipvs [--stats|--rate]     the service table of a running proxy, as ipvsadm -Ln lists it
   userproxy demo [flags]              the endpoint lottery and ClientIP affinity on simulated connections
   userproxy kube-proxy [flags]        kube-proxy's command line and KubeProxyConfiguration (also as a binary named kube-proxy)
+  userproxy explain DESTINATION       why a connection to a ClusterIP, a service name or a NodePort goes where it goes
   userproxy cleanup                   (root) remove kube-proxy's leftover rules, tables and IPVS device
   userproxy version                   print the version
 
@@ -96,6 +97,8 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return runDemo(ctx, args[1:], stdout, stderr)
 	case "kube-proxy":
 		return runKubeProxy(ctx, args[1:], stdout, stderr)
+	case "explain":
+		return runExplain(ctx, args[1:], stdout, stderr)
 	case "cleanup":
 		return runCleanup(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":

@@ -149,6 +149,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"rules", "--help"}, []string{"Examples:"}},
 		{[]string{"ipvs", "--help"}, []string{"Examples:"}},
 		{[]string{"demo", "--help"}, []string{"Examples:"}},
+		{[]string{"explain", "--help"}, []string{"Examples:", "--config", "--nodeport"}},
 		{[]string{"kube-proxy", "--help"}, []string{"Examples:", "--hostname-override", "--ipvs-scheduler", "--conntrack-max-per-core", "--write-config-to"}},
 		{[]string{"kube-proxy", "-h"}, []string{"--config string"}},
 	} {

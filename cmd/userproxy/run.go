@@ -484,7 +484,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		stopAdmin, err := startAdmin(ctx, f.adminAddr, f.controlSocket, adminDeps{proxyMode: proxyModeOf(f), configz: f.configz, ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts, proxierHealth: proxierHealth,
 			rest: rest, families: servedFamilies(f.serviceCIDRs.values), dial: dialView(f.via, px, pf), pf: pf,
 			rules:     rulesOptions(f, npAddrs),
-			conflicts: cf,
+			conflicts: cf, clusterDomain: f.dns.domain,
 			notes: func() []string {
 				return append(append(append(ext.notes(), nodePorts.Failed()...), sh.Failed()...), cf.notes()...)
 			}}, logger.Named("admin"))

@@ -35,6 +35,11 @@ func TestHints(t *testing.T) {
 		}
 		return err
 	}
+	var out, errOut bytes.Buffer
+	if err := runMain(context.Background(), []string{"run", "services.yaml"}, &out, &errOut); err == nil ||
+		exitCode(err) != 2 || !strings.Contains(err.Error(), "goes to --config FILE") {
+		t.Errorf("run services.yaml: %v (exit %d), want a usage error pointing to --config FILE", err, exitCode(err))
+	}
 	for _, c := range []struct {
 		name    string
 		err     error

@@ -23,10 +23,11 @@ test: lint unit bench-once fuzz-short darwin ## everything CI checks: lint, race
 # The packages under integration/ (real TUNs, the real binary, kube-apiserver,
 # the bench harness) run one at a time, so that none is judged while another
 # loads the machine's cores; the others run in parallel.
-unit: ## go test -race ./... (integration tests run when root; the TUN suite twice, the second time with --tcp-translate=false: gVisor's TCP)
+unit: ## go test -race ./... (integration tests run when root; the TUN suite three times: then with --tcp-translate=false, gVisor's TCP, then with --tun-portable, macOS's device path)
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /integration)
 	$(GO) test -race -count=1 -p 1 -timeout 45m ./integration/...
 	USERPROXY_TCP_TRANSLATE=0 $(GO) test -race -count=1 -timeout 45m ./integration/
+	USERPROXY_TUN=portable $(GO) test -race -count=1 -timeout 45m ./integration/
 
 lint: tools ## gofmt (as a test), go vet (also for darwin and linux/arm64), staticcheck
 	$(GO) test -count=1 -run '^TestGofmt$$' .

@@ -103,7 +103,7 @@ func (tunEnv) start(t testing.TB, seed uint64) (*rig, client) {
 	var link *netstack.Link
 	err := inNS(ns, func() error {
 		var err error
-		link, err = setUpTUN(netstack.TUNOptions{Name: "upx0", MTU: tunMTU})
+		link, err = setUpTUN(netstack.TUNOptions{Name: "upx0", MTU: tunMTU, Portable: portableTUN})
 		return err
 	})
 	if err != nil {

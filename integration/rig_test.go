@@ -37,6 +37,12 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // it off.
 var translateTCP = os.Getenv("USERPROXY_TCP_TRANSLATE") != "0" && proxy.TranslateSupported() == nil
 
+// portableTUN opens the suite's TUN devices the portable way, as macOS
+// must (netstack.TUNOptions.Portable; the binary's --tun-portable):
+// USERPROXY_TUN=portable, the flag's environment default, runs the whole
+// suite through that path.
+var portableTUN = os.Getenv("USERPROXY_TUN") == "portable"
+
 // testSeed returns USERPROXY_SEED if set, else def, and logs it.
 func testSeed(t testing.TB, def uint64) uint64 {
 	t.Helper()

@@ -19,4 +19,10 @@ type TUNOptions struct {
 	// offloads (tunlink_linux.go): every packet is cut to the MTU and
 	// checksummed by the kernel and by the gate, as before they existed.
 	NoOffload bool
+	// Portable opens the device the way every platform can: water's TUN
+	// and the generic device link (NewDeviceLink), one packet per read and
+	// write, no offloads, one queue. It is the only way off Linux (macOS's
+	// utun); on Linux it runs the macOS path's code against a real device,
+	// so that only utun's own specifics go untested there.
+	Portable bool
 }

@@ -3,6 +3,8 @@ package netstack
 import (
 	"errors"
 	"fmt"
+
+	"github.com/songgao/water"
 )
 
 // OpenTUN opens the TUN device opts.Name, one descriptor per queue, and
@@ -18,6 +20,9 @@ import (
 // packet with a bad checksum as INVALID and every other packet is dropped
 // too, or the kernel has vouched for them in the packet's virtio-net header.
 func OpenTUN(opts TUNOptions) (*Link, error) {
+	if opts.Portable {
+		return openPortableTUN(opts)
+	}
 	if opts.MTU == 0 {
 		opts.MTU = DefaultMTU
 	}
@@ -69,4 +74,13 @@ func openTUNQueues(opts TUNOptions, vnet bool) ([]tunQueue, string, error) {
 		name = got
 	}
 	return queues, name, nil
+}
+
+// portableConfig is water's configuration for the portable path on Linux:
+// the device by its name, kept persistent if it is (water sets the flag on
+// every open).
+func portableConfig(opts TUNOptions) water.Config {
+	c := water.Config{DeviceType: water.TUN}
+	c.Name, c.Persist = opts.Name, opts.Persistent
+	return c
 }

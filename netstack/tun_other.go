@@ -2,19 +2,11 @@
 
 package netstack
 
-import (
-	"fmt"
+import "github.com/songgao/water"
 
-	"github.com/songgao/water"
-)
+// OpenTUN opens a TUN device the portable way, the only one here
+// (tun_portable.go).
+func OpenTUN(opts TUNOptions) (*Link, error) { return openPortableTUN(opts) }
 
-// OpenTUN opens a TUN device with water and pumps it with NewDeviceLink's two
-// goroutines. On macOS the system names the device (utunN); Link.Name tells
-// which.
-func OpenTUN(opts TUNOptions) (*Link, error) {
-	ifce, err := water.New(water.Config{DeviceType: water.TUN})
-	if err != nil {
-		return nil, fmt.Errorf("opening a TUN device: %w", err)
-	}
-	return NewDeviceLink(ifce, ifce.Name(), opts.MTU), nil
-}
+// portableConfig is water's configuration: the system names the device.
+func portableConfig(TUNOptions) water.Config { return water.Config{DeviceType: water.TUN} }

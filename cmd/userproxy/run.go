@@ -63,6 +63,7 @@ type runFlags struct {
 	config, kubeconfig string
 	tunName            string
 	tunOffload         bool
+	tunPortable        bool
 	mtu                int
 	serviceCIDRs       prefixList
 	clusterCIDRs       prefixList
@@ -120,6 +121,7 @@ func (f *runFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.mtu, "mtu", defaultMTU, "MTU of a TUN device run creates")
 	fs.BoolVar(&f.tunOffload, "tun-offload", true, "open the TUN with virtio-net headers and TCP segmentation and checksum offloads (Linux; falls back without them if refused); false: every packet cut to the MTU and checksummed")
 	f.serviceCIDRs.values = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
+	fs.BoolVar(&f.tunPortable, "tun-portable", os.Getenv("USERPROXY_TUN") == "portable", "open the TUN as macOS must (water's device, the generic device link, routes by commands: ip(8) here, route(8) there) instead of Linux's own path, to run that code on Linux; no offloads, one packet per read (the default follows USERPROXY_TUN=portable)")
 	fs.Var(&f.serviceCIDRs, "service-cidr", "service CIDR routed into the TUN (repeatable; IPv6 too)")
 	fs.Var(&f.clusterCIDRs, "cluster-cidr", "pod CIDR of this cluster (repeatable): flows from it, as from this host's own addresses, to a NodePort, external IP or LB IP of an externalTrafficPolicy Local service use every endpoint (kube-proxy's short-circuit)")
 	fs.StringVar(&f.nodePortAddresses, "nodeport-addresses", defaultNodePortAddresses, "where NodePorts are served: comma-separated CIDRs (this host's addresses in them) or \"primary\" (kube-proxy's syntax); empty: nowhere")
@@ -152,7 +154,7 @@ func (f *runFlags) register(fs *pflag.FlagSet) {
 	f.dns.register(fs)
 	f.log.register(fs)
 	groupFlags(fs, "Objects", "config", "kubeconfig", "min-sync-period", "node-name", "zone")
-	groupFlags(fs, "Device and addresses", "tun-name", "mtu", "tun-offload", "service-cidr", "cluster-cidr", "nodeport-addresses")
+	groupFlags(fs, "Device and addresses", "tun-name", "mtu", "tun-offload", "tun-portable", "service-cidr", "cluster-cidr", "nodeport-addresses")
 	groupFlags(fs, "Endpoints", "scheduler", "scheduler-flags", "affinity-list-size", "dial-via", "dial-timeout",
 		"dial-direct-timeout", "apiserver-tunnel-idle", "tcp-translate")
 	groupFlags(fs, "Conntrack", "conntrack-max", "conntrack-tcp-timeout-established", "conntrack-tcp-timeout-close-wait",
@@ -409,7 +411,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	}
 
 	// 3. The TUN and the stack.
-	tun, err := openTUN(f.tunName, f.mtu, f.tunOffload, f.serviceCIDRs.values, logger.Named("tun"))
+	tun, err := openTUN(f.tunName, f.mtu, f.tunOffload, f.tunPortable, f.serviceCIDRs.values, logger.Named("tun"))
 	if err != nil {
 		return err
 	}

@@ -25,13 +25,20 @@ type tunDevice struct {
 	routes  []netlink.Route // routes run added (removed on exit)
 	created bool            // run created the device (it goes when closed)
 	logger  *zap.Logger
+	// The portable path (--tun-portable): routes by ip(8) commands, as
+	// macOS's by route(8), and those run added.
+	cmds      routeCommands
+	cmdRoutes []netip.Prefix
 }
 
 // openTUN opens the TUN device name, creating it when missing (root), and
 // adds the routes of cidrs that are missing. A persistent device made by
 // `userproxy setup` is opened as is, without privileges.
-func openTUN(name string, mtu int, offload bool, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
+func openTUN(name string, mtu int, offload, portable bool, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
 	d := &tunDevice{name: name, logger: logger}
+	if portable {
+		d.cmds = ipRoute{}
+	}
 	existing, err := netlink.LinkByName(name)
 	if err != nil {
 		var notFound netlink.LinkNotFoundError
@@ -51,7 +58,7 @@ func openTUN(name string, mtu int, offload bool, cidrs []netip.Prefix, logger *z
 	// A device that exists stays as persistent as it was (water sets the
 	// flag on every open).
 	persistent := existing != nil && isPersistent(existing)
-	d.link, err = netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu), Persistent: persistent, NoOffload: !offload})
+	d.link, err = netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu), Persistent: persistent, NoOffload: !offload, Portable: portable})
 	if err != nil {
 		return nil, tunHint(name, existing == nil, err)
 	}
@@ -107,6 +114,19 @@ func configureNewTUN(name string, mtu int, logger *zap.Logger) error {
 // addRoutes routes each CIDR into the device unless such a route exists
 // (as after `userproxy setup`, when run has no privilege to add one).
 func (d *tunDevice) addRoutes(cidrs []netip.Prefix) error {
+	if d.cmds != nil {
+		for _, p := range cidrs {
+			switch err := d.cmds.add(p, d.name); {
+			case errors.Is(err, errRouteExists):
+			case err != nil:
+				return err
+			default:
+				d.cmdRoutes = append(d.cmdRoutes, p)
+				d.logger.Info("route added", zap.Stringer("cidr", p), zap.String("dev", d.name), zap.String("by", "ip route"))
+			}
+		}
+		return nil
+	}
 	l, err := netlink.LinkByName(d.name)
 	if err != nil {
 		return fmt.Errorf("device %q: %w", d.name, err)
@@ -145,6 +165,12 @@ func (d *tunDevice) addRoutes(cidrs []netip.Prefix) error {
 // close removes the routes run added and closes the device (a device run
 // created disappears with its last descriptor, and its routes with it).
 func (d *tunDevice) close() {
+	for _, p := range d.cmdRoutes {
+		if err := d.cmds.del(p, d.name); err != nil {
+			d.logger.Warn("removing route", zap.Stringer("cidr", p), zap.Error(err))
+		}
+	}
+	d.cmdRoutes = nil
 	for i := range d.routes {
 		if err := netlink.RouteDel(&d.routes[i]); err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENODEV) {
 			d.logger.Warn("removing route", zap.Stringer("cidr", d.routes[i].Dst), zap.Error(err))
@@ -251,6 +277,9 @@ type netlinkRoutes struct{ index int }
 
 // hostRoutes returns the device's routeOps for external addresses.
 func (d *tunDevice) hostRoutes() (routeOps, error) {
+	if d.cmds != nil {
+		return routeCmds{dev: d.name, cmds: d.cmds}, nil
+	}
 	l, err := netlink.LinkByName(d.name)
 	if err != nil {
 		return nil, fmt.Errorf("device %q: %w", d.name, err)

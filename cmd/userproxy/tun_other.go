@@ -4,10 +4,7 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"net/netip"
-	"os/exec"
-	"strings"
 
 	"go.uber.org/zap"
 
@@ -23,23 +20,20 @@ type tunDevice struct {
 	logger *zap.Logger
 }
 
-// openTUN opens a utun device and routes cidrs into it with route(8). This
-// path compiles and is meant for macOS; it is not tested in CI.
-func openTUN(name string, mtu int, offload bool, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
-	link, err := netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu)})
+// openTUN opens a utun device (the portable path, the only one here) and
+// routes cidrs into it with route(8). This path runs on Linux too
+// (--tun-portable, tun_linux.go), with ip(8) in place of route(8); on macOS
+// itself it is not tested in CI.
+func openTUN(name string, mtu int, offload, portable bool, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
+	link, err := netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu), Portable: true})
 	if err != nil {
 		return nil, err
 	}
 	d := &tunDevice{link: link, name: link.Name(), logger: logger}
 	for _, p := range cidrs {
-		family := "-inet"
-		if p.Addr().Is6() {
-			family = "-inet6"
-		}
-		out, err := exec.Command("route", "-n", "add", family, "-net", p.String(), "-interface", d.name).CombinedOutput()
-		if err != nil {
+		if err := (bsdRoute{}).add(p, d.name); err != nil {
 			d.close()
-			return nil, fmt.Errorf("route add %s -interface %s: %v: %s", p, d.name, err, out)
+			return nil, err
 		}
 		d.routes = append(d.routes, p)
 	}
@@ -48,8 +42,8 @@ func openTUN(name string, mtu int, offload bool, cidrs []netip.Prefix, logger *z
 
 func (d *tunDevice) close() {
 	for _, p := range d.routes {
-		if out, err := exec.Command("route", "-n", "delete", "-net", p.String()).CombinedOutput(); err != nil {
-			d.logger.Warn("removing route", zap.Stringer("cidr", p), zap.Error(err), zap.ByteString("output", out))
+		if err := (bsdRoute{}).del(p, d.name); err != nil {
+			d.logger.Warn("removing route", zap.Stringer("cidr", p), zap.Error(err))
 		}
 	}
 	d.routes = nil
@@ -59,37 +53,25 @@ func setupTUN(name, userName string, mtu int, cidrs []netip.Prefix, remove bool,
 	return errors.New("userproxy setup: persistent TUN devices are a Linux feature")
 }
 
-// routeCmds adds and removes host routes into the device with route(8)
-// (routeOps). Not tested in CI, like the rest of this path.
-type routeCmds struct{ dev string }
-
 // hostRoutes returns the device's routeOps for external addresses.
-func (d *tunDevice) hostRoutes() (routeOps, error) { return routeCmds{dev: d.name}, nil }
-
-func (r routeCmds) add(dst netip.Prefix) error {
-	family := "-inet"
-	if dst.Addr().Is6() {
-		family = "-inet6"
-	}
-	out, err := exec.Command("route", "-n", "add", family, "-host", dst.Addr().String(), "-interface", r.dev).CombinedOutput()
-	if err != nil {
-		if strings.Contains(string(out), "File exists") {
-			return errRouteExists
-		}
-		return fmt.Errorf("route add %s -interface %s: %v: %s", dst.Addr(), r.dev, err, out)
-	}
-	return nil
-}
-
-func (r routeCmds) del(dst netip.Prefix) error {
-	out, err := exec.Command("route", "-n", "delete", "-host", dst.Addr().String()).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("route delete %s: %v: %s", dst.Addr(), err, out)
-	}
-	return nil
+func (d *tunDevice) hostRoutes() (routeOps, error) {
+	return routeCmds{dev: d.name, cmds: bsdRoute{}}, nil
 }
 
 // primaryAddrs is not available here: give --nodeport-addresses CIDRs.
 func primaryAddrs() ([]netip.Addr, error) {
 	return nil, errors.New("\"primary\" is resolved on Linux only; give CIDRs")
+}
+
+// bsdRoute is route(8), as on macOS.
+type bsdRoute struct{}
+
+func (bsdRoute) add(dst netip.Prefix, dev string) error {
+	family, kind, target := bsdArgs(dst)
+	return runRouteCommand("route", "-n", "add", family, kind, target, "-interface", dev)
+}
+
+func (bsdRoute) del(dst netip.Prefix, _ string) error {
+	family, kind, target := bsdArgs(dst)
+	return runRouteCommand("route", "-n", "delete", family, kind, target)
 }

@@ -1,6 +1,7 @@
 package service_test
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/userproxy/userproxy/proxy"
 	"github.com/userproxy/userproxy/service"
 )
 
@@ -519,7 +521,28 @@ func TestPacketFlows(t *testing.T) {
 				t.Errorf("flow %s -> %s/%s (-want +got):\n%s", r.client, r.dst, r.proto, diff)
 			}
 			checkLeftOut(t, tr, r.proto, r.dst)
+			checkExplain(t, tr, r.client, r.proto, r.dst, r.want)
 		})
+	}
+}
+
+// checkExplain holds userproxy explain (proxy.Explain on the row's table)
+// to the row's outcome: the same action, and for FORWARD the same
+// endpoints in cascade order.
+func checkExplain(t *testing.T, tr *service.Tracker, client string, proto service.Protocol, dst string, want outcome) {
+	t.Helper()
+	px, err := proxy.New(proxy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.SetTable(tr.Current(), service.Changes{})
+	ex := px.Explain(proxy.ExplainQuery{Protocol: proto, Client: netip.MustParseAddr(client), Destination: addrPort(t, dst), LeftOut: tr.LeftOut})
+	var eps []string
+	for _, e := range ex.Endpoints {
+		eps = append(eps, e.Address)
+	}
+	if ex.Verdict != want.Action || !slices.Equal(eps, want.Endpoints) {
+		t.Errorf("explain %s -> %s/%s: %s %v, the row says %s %v\n%s", client, dst, proto, ex.Verdict, eps, want.Action, want.Endpoints, strings.Join(ex.Steps, "\n"))
 	}
 }
 

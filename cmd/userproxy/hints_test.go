@@ -35,6 +35,12 @@ func TestHints(t *testing.T) {
 		}
 		return err
 	}
+	// A bad configuration is the first thing said, before the file limit.
+	var logs, none bytes.Buffer
+	if err := runMain(context.Background(), []string{"run", "--admin-addr", "", "--healthz-bind-address", "", "--config", "/nonexistent/services.yaml"}, &none, &logs); err == nil ||
+		!strings.Contains(err.Error(), "/nonexistent/services.yaml") || strings.Contains(logs.String(), "open file limit") {
+		t.Errorf("run with a missing --config: %v; logged before it:\n%s", err, logs.String())
+	}
 	var out, errOut bytes.Buffer
 	if err := runMain(context.Background(), []string{"run", "services.yaml"}, &out, &errOut); err == nil ||
 		exitCode(err) != 2 || !strings.Contains(err.Error(), "goes to --config FILE") {

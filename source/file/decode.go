@@ -301,7 +301,11 @@ func decodeFile(name string, data []byte) ([]object, error) {
 				msg := fileLines(err.Error(), d.first)
 				e := fail(-1, "", fmt.Errorf("invalid YAML: %s", msg)).(*DecodeError)
 				if m := yamlLine.FindStringSubmatch(msg); m != nil {
-					e.FieldLine, _ = strconv.Atoi(m[1])
+					// The parser names the line after the last for an
+					// error at the end of the stream: the file's last
+					// line is where to look.
+					n, _ := strconv.Atoi(m[1])
+					e.FieldLine = min(n, bytes.Count(data, []byte("\n"))+1)
 				}
 				return nil, e
 			}

@@ -33,21 +33,7 @@ spec:
   clusterIP: 10.96.0.30
   sessionAffinity: ClientIP
   ports: [{name: http, protocol: TCP, port: 80, targetPort: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: sticky-1, namespace: default, labels: {kubernetes.io/service-name: sticky}}
-addressType: IPv4
-endpoints: [{addresses: [%s]}]
-ports: [{name: http, protocol: TCP, port: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: sticky-2, namespace: default, labels: {kubernetes.io/service-name: sticky}}
-addressType: IPv4
-endpoints: [{addresses: [%s]}]
-ports: [{name: http, protocol: TCP, port: %d}]
-`, web.Port(), web.Addr(), web.Port(), other.Addr(), other.Port()))
+`, web.Port())+sliceYAML("sticky-1", "sticky", web, "")+sliceYAML("sticky-2", "sticky", other, ""))
 	p := startProc(t, "ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxex0",
 		"--min-sync-period", "0", "--log-format", "json", "--control-socket", filepath.Join(dir, "ctl.sock"))
 	waitWithin(t, 30*time.Second, "/readyz", func() bool { code, _, _ := b.get("/readyz"); return code == http.StatusOK })

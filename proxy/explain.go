@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/userproxy/userproxy/balancer"
+	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/service"
 )
 
@@ -71,22 +72,22 @@ type ExplainedEndpoint struct {
 	Why      string  `json:"why,omitempty"`
 }
 
-// Explain answers q from the live table and state; it changes nothing.
+// Explain answers q from the live table and state. It picks, counts and
+// refreshes nothing; looking the client up in the affinity lists reaps a
+// stale entry, as the kernel's own rcheck --reap would on its next packet.
 func (p *Proxy) Explain(q ExplainQuery) Explanation {
 	var e Explanation
 	say := func(format string, a ...any) { e.Steps = append(e.Steps, fmt.Sprintf(format, a...)) }
-	refuse := func(verdict string, r Result) Explanation {
-		e.Verdict, e.Result = verdict, r.String()
-		return e
-	}
 	if unusableSource(q.Client) {
 		say("the client %s is an address no reply can reach: the flow is dropped (the client's host needs an address the route to the service can use)", q.Client)
-		return refuse("DROP", ResultDroppedUnusableSource)
+		e.Verdict, e.Result = "DROP", ResultDroppedUnusableSource.String()
+		return e
 	}
 	t := p.table.Load()
 	if t == nil {
 		say("no service table yet (the source has not synced): every flow is refused")
-		return refuse("REJECT", ResultRejectedNoService)
+		e.Verdict, e.Result = "REJECT", ResultRejectedNoService.String()
+		return e
 	}
 	var tg target
 	if q.NodePort {
@@ -98,12 +99,21 @@ func (p *Proxy) Explain(q ExplainQuery) Explanation {
 	} else {
 		tg = p.resolve(t, q.Protocol, q.Client, q.Destination)
 	}
+	// The verdict is the admission's own (decide); the rest says why.
+	d, r, local := p.decide(t, q.Protocol, &tg, q.Destination)
+	switch {
+	case local:
+		say("%s/%s is served in process (cluster DNS)", q.Destination, q.Protocol)
+		e.Verdict = "LOCAL"
+		return e
+	case d != netstack.Accept:
+		e.Verdict, e.Result = "REJECT", r.String()
+		if d == netstack.Drop {
+			e.Verdict = "DROP"
+		}
+	}
 	if tg.port == nil {
 		switch {
-		case !q.NodePort && p.localFor(t, q.Destination) != nil:
-			say("%s/%s is served in process (cluster DNS)", q.Destination, q.Protocol)
-			e.Verdict = "LOCAL"
-			return e
 		case tg.v == service.UnknownPort:
 			say("%s is a service's address, but no service port is %d/%s: REJECT (ICMP port unreachable)", q.Destination.Addr(), q.Destination.Port(), q.Protocol)
 		case q.NodePort:
@@ -111,7 +121,7 @@ func (p *Proxy) Explain(q ExplainQuery) Explanation {
 		default:
 			say("no service has %s (not a ClusterIP, external or load-balancer IP): REJECT", q.Destination.Addr())
 		}
-		return refuse("REJECT", ResultRejectedNoService)
+		return e
 	}
 	port := tg.port
 	e.Port = port.Name.String()
@@ -125,25 +135,25 @@ func (p *Proxy) Explain(q ExplainQuery) Explanation {
 	}
 	say("%s", policies(port, tg))
 	eps, keys := tg.endpoints()
-	external := tg.set == setExternal
 	if q.LeftOut != nil {
-		for _, lo := range q.LeftOut(port, eps, external) {
+		for _, lo := range q.LeftOut(port, eps, tg.set == setExternal) {
 			e.LeftOut = append(e.LeftOut, ExplainedEndpoint{Address: lo.Endpoint.Key(), Node: lo.Endpoint.NodeName, Zone: lo.Endpoint.Zone, Why: lo.Why})
 		}
 	}
-	switch {
-	case tg.dropped:
+	switch r {
+	case ResultProxied:
+	case ResultDroppedSourceRange:
 		say("the client %s is outside the loadBalancerSourceRanges %v: DROP (kube-proxy's KUBE-PROXY-FIREWALL)", q.Client, port.SourceRanges)
-		return refuse("DROP", ResultDroppedSourceRange)
-	case tg.v.Drop():
+		return e
+	case ResultDroppedLocalPolicy:
 		say("no endpoint on this node, and the policy is Local: DROP%s", nodePortNote(q))
-		return refuse("DROP", ResultDroppedLocalPolicy)
-	case tg.v != service.Forward:
-		say("no usable endpoint: REJECT (ICMP port unreachable)%s", nodePortNote(q))
-		return refuse("REJECT", ResultRejectedNoEndpoints)
-	case q.Protocol == service.UDP && p.udpNoWay(&tg):
+		return e
+	case ResultNoWay:
 		say("every endpoint is reached only through the API server, which carries TCP only: REJECT")
-		return refuse("REJECT", ResultNoWay)
+		return e
+	default:
+		say("no usable endpoint: REJECT (ICMP port unreachable)%s", nodePortNote(q))
+		return e
 	}
 	e.Verdict = "FORWARD"
 	s := (*p.states.Load())[keyOf(port)]

@@ -55,3 +55,66 @@ func TestExplainLotteryAndAffinity(t *testing.T) {
 		t.Errorf("from 0.0.0.0: %+v", ex)
 	}
 }
+
+// FuzzExplain feeds /debug/explain's inputs (its admin address can be
+// reached from elsewhere): any destination text, client text, protocol and
+// NodePort flag is read or refused, and explained without a panic, against
+// a table with affinity, a Local policy, a NodePort and a source range.
+func FuzzExplain(f *testing.F) {
+	for _, s := range []struct {
+		to, from string
+		udp, np  bool
+	}{
+		{"10.96.0.1:80", "192.0.2.1", false, false},
+		{"web.ns.svc.cluster.local:p", "0.0.0.0", false, false},
+		{"web.ns:80", "::1", true, false},
+		{"127.0.0.1:30080", "203.0.113.9", false, true},
+		{"198.51.100.10:80", "192.0.2.200", false, false},
+		{"[::ffff:10.96.0.1]:80", "255.255.255.255", true, true},
+		{".:", "", false, false},
+	} {
+		f.Add(s.to, s.from, s.udp, s.np)
+	}
+	p, tr, _ := newTestProxyWith(f, Config{}, false)
+	affinity := func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }
+	tr.OnServiceAdd(svc("web", "10.96.0.1", v1.ProtocolTCP, 80, affinity))
+	tr.OnEndpointSliceAdd(slice("web", "web-1", v1.ProtocolTCP, 8080, "node-b", "10.0.0.1", "10.0.0.2"))
+	lb := svc("lb", "10.96.0.2", v1.ProtocolTCP, 80, func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Spec.Ports[0].NodePort = 30080
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		s.Spec.LoadBalancerSourceRanges = []string{"192.0.2.0/28"}
+		s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "198.51.100.10"}}
+	})
+	tr.OnServiceAdd(lb)
+	tr.OnEndpointSliceAdd(slice("lb", "lb-1", v1.ProtocolTCP, 8080, "node-b", "10.0.0.3"))
+	tr.OnSynced()
+	f.Fuzz(func(t *testing.T, to, from string, udp, nodePort bool) {
+		dst, err := p.Destination(to, "cluster.local")
+		if err != nil {
+			return
+		}
+		client, err := netip.ParseAddr(from)
+		if err != nil {
+			return
+		}
+		proto := service.TCP
+		if udp {
+			proto = service.UDP
+		}
+		ex := p.Explain(ExplainQuery{Protocol: proto, Client: client, Destination: dst, NodePort: nodePort, LeftOut: tr.LeftOut})
+		switch ex.Verdict {
+		case "FORWARD":
+			if len(ex.Endpoints) == 0 {
+				t.Fatalf("FORWARD without endpoints: %+v", ex)
+			}
+		case "REJECT", "DROP":
+			if ex.Result == "" {
+				t.Fatalf("%s without its result: %+v", ex.Verdict, ex)
+			}
+		case "LOCAL":
+		default:
+			t.Fatalf("verdict %q", ex.Verdict)
+		}
+	})
+}

@@ -328,20 +328,28 @@ func (p *Proxy) Admit(flow conntrack.Tuple) netstack.Decision {
 		return netstack.Reject
 	}
 	tg := p.resolve(t, proto, flow.SrcAddr(), flow.Dst())
+	d, r, _ := p.decide(t, proto, &tg, flow.Dst())
+	if d != netstack.Accept {
+		p.stats.count(flow.Proto(), r)
+	}
+	return d
+}
+
+// decide is the admission's answer for a new flow to tg (at dst): the
+// decision, the flows_total result a refusal counts as, and whether a
+// local handler (cluster DNS) takes the flow. Admit and Explain share it.
+func (p *Proxy) decide(t *service.Table, proto service.Protocol, tg *target, dst netip.AddrPort) (netstack.Decision, Result, bool) {
 	switch {
-	case tg.v == service.Forward && proto == service.UDP && p.udpNoWay(&tg):
-		p.stats.count(conntrack.UDP, ResultNoWay)
-		return netstack.Reject
+	case tg.v == service.Forward && proto == service.UDP && p.udpNoWay(tg):
+		return netstack.Reject, ResultNoWay, false
 	case tg.v == service.Forward:
-		return netstack.Accept
-	case tg.v != service.NoEndpoints && !tg.v.Drop() && p.localFor(t, flow.Dst()) != nil:
-		return netstack.Accept
+		return netstack.Accept, ResultProxied, false
+	case tg.v != service.NoEndpoints && !tg.v.Drop() && p.localFor(t, dst) != nil:
+		return netstack.Accept, ResultLocal, true
+	case tg.v.Drop():
+		return netstack.Drop, tg.refusal(), false
 	}
-	p.stats.count(flow.Proto(), tg.refusal())
-	if tg.v.Drop() {
-		return netstack.Drop
-	}
-	return netstack.Reject
+	return netstack.Reject, tg.refusal(), false
 }
 
 // route finds the endpoint for a flow admitted earlier (step 2): the table

@@ -36,7 +36,7 @@ func newTestProxy(t *testing.T) (*Proxy, *service.Tracker, *conntrack.Table) {
 
 // newTestProxyWith builds a proxy from cfg, runs it until the test ends if
 // run is set, and feeds it from a tracker (synced by the caller).
-func newTestProxyWith(t *testing.T, cfg Config, run bool) (*Proxy, *service.Tracker, *conntrack.Table) {
+func newTestProxyWith(t testing.TB, cfg Config, run bool) (*Proxy, *service.Tracker, *conntrack.Table) {
 	t.Helper()
 	p, err := New(cfg)
 	if err != nil {

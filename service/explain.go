@@ -27,8 +27,8 @@ func (t *Tracker) LeftOut(p *Port, set []Endpoint, external bool) []LeftOut {
 	st := t.services[p.Name.Service()]
 	var cands []Endpoint
 	if st != nil {
-		var sc scratch
-		cands = slices.Clone(gatherEndpoints(st.slices, p.Family, DNSPort{Name: p.Name.Port, Protocol: p.Protocol}, t.node, &sc))
+		var sc scratch // this call's own: what it returns is not reused
+		cands = gatherEndpoints(st.slices, p.Family, DNSPort{Name: p.Name.Port, Protocol: p.Protocol}, t.node, &sc)
 	}
 	node := t.node
 	t.mu.Unlock()

@@ -205,7 +205,10 @@ func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *
 	srv := admin.New(cfg)
 	ln, err := srv.Listen(addr)
 	if err != nil {
-		return nil, listenHint("--admin-addr", addr, errors.Unwrap(err))
+		if cause := errors.Unwrap(err); cause != nil {
+			err = cause // the listen's own error, without admin's wording
+		}
+		return nil, listenHint("--admin-addr", addr, err)
 	}
 	done := make(chan struct{}, 2)
 	go func() { // admin server

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // describeRoute says where this host routes dst (the first step of a
@@ -25,7 +26,7 @@ func describeRoute(dst netip.Addr, tun, client string) (string, string) {
 	if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
 		dev = l.Attrs().Name
 	}
-	if r.Type == 2 { // RTN_LOCAL: an address of this host
+	if r.Type == unix.RTN_LOCAL { // an address of this host
 		return fmt.Sprintf("%s is an address of this host (the kernel's local table): connections to it never reach the TUN; see /readyz for what to do", dst), client
 	}
 	if dev != tun {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -25,7 +26,10 @@ import (
 //     SetServiceCIDRs) are routed the same way, as prefixes, while the
 //     cluster has them: those inside a --service-cidr need nothing, the
 //     others get a route into the TUN unless one exists. Addresses inside
-//     them need no host route.
+//     them need no host route. The API server validates no size: a CIDR
+//     wider than the allocator's own IPv6 floor, /64, or than an IPv4 /8
+//     would take the host's other traffic (a /0 its API server's too), so
+//     it is not routed, but logged and noted as the refused ones are.
 
 // routeOps adds and removes one host route into the TUN device. add
 // reports errRouteExists for a route that is there already.
@@ -142,6 +146,14 @@ func (r *extRoutes) SetServiceCIDRs(cluster []netip.Prefix) []netip.Prefix {
 			continue // inside a --service-cidr: routed already
 		}
 		wanted[p] = true
+		if tooWide(p) {
+			if _, known := r.cidrErr[p]; !known {
+				r.logger.Warn("not routing a service CIDR of the cluster: it would take the host's other traffic; give a narrower one to --service-cidr if it is meant",
+					zap.Stringer("cidr", p))
+			}
+			r.cidrErr[p] = errTooWide
+			continue
+		}
 		r.cluster = append(r.cluster, p)
 		if r.mineCIDR[p] {
 			continue
@@ -199,10 +211,12 @@ func (r *extRoutes) Unrouted() []netip.Addr {
 func (r *extRoutes) notes() []string {
 	var out []string
 	r.mu.Lock()
-	for _, p := range r.cluster {
-		if r.cidrErr[p] != nil {
-			out = append(out, "the cluster's service CIDR "+p.String()+" is not routed into the TUN (needs root or CAP_NET_ADMIN; add it with `sudo ip route add "+p.String()+" dev "+r.dev+"`)")
+	for _, p := range slices.SortedFunc(maps.Keys(r.cidrErr), netip.Prefix.Compare) {
+		if r.cidrErr[p] == errTooWide {
+			out = append(out, "the cluster's service CIDR "+p.String()+" is not routed into the TUN: "+errTooWide.Error())
+			continue
 		}
+		out = append(out, "the cluster's service CIDR "+p.String()+" is not routed into the TUN (needs root or CAP_NET_ADMIN; add it with `sudo ip route add "+p.String()+" dev "+r.dev+"`)")
 	}
 	r.mu.Unlock()
 	for _, a := range r.Unrouted() {
@@ -222,6 +236,17 @@ func (r *extRoutes) Close() {
 	for p := range r.mineCIDR {
 		r.removeCIDR(p)
 	}
+}
+
+// errTooWide is why a cluster CIDR tooWide says is wide is not routed.
+var errTooWide = errors.New("wider than an IPv4 /8 or an IPv6 /64, it would take the host's other traffic")
+
+// tooWide reports whether p is wider than a service CIDR should be (step 5).
+func tooWide(p netip.Prefix) bool {
+	if p.Addr().Is4() {
+		return p.Bits() < 8
+	}
+	return p.Bits() < 64
 }
 
 // removeCIDR removes the route run added for the cluster's CIDR p.

@@ -77,8 +77,8 @@ func TestExtRoutes(t *testing.T) {
 // TestExtRoutesServiceCIDRs: the cluster's service CIDRs (its ServiceCIDR
 // objects) are routed while the cluster has them, except inside a
 // --service-cidr; someone else's route is left alone; a refused one is a
-// note; external addresses inside them lose their host route; Close takes
-// back what was added.
+// note, and so is one too wide to route; external addresses inside them
+// lose their host route; Close takes back what was added.
 func TestExtRoutesServiceCIDRs(t *testing.T) {
 	mp := netip.MustParsePrefix
 	ma := netip.MustParseAddr
@@ -104,6 +104,18 @@ func TestExtRoutesServiceCIDRs(t *testing.T) {
 		t.Fatalf("routes once the cluster dropped them: %v", got)
 	}
 	if n := r.notes(); len(n) != 0 {
+		t.Fatalf("notes %q", n)
+	}
+	// A cluster CIDR wide enough to take the host's other traffic (the API
+	// server validates no size) is noted, never routed.
+	all = r.SetServiceCIDRs([]netip.Prefix{mp("0.0.0.0/0"), mp("fd00::/48"), mp("10.43.0.0/16")})
+	if want := []netip.Prefix{mp("10.96.0.0/12"), mp("10.43.0.0/16")}; !slices.Equal(all, want) {
+		t.Errorf("routed CIDRs with wide ones %v, want %v", all, want)
+	}
+	if got := f.list(); !slices.Equal(got, []string{"10.200.0.0/16", "10.43.0.0/16"}) {
+		t.Fatalf("routes with wide cluster CIDRs: %v", got)
+	}
+	if n := r.notes(); len(n) != 2 || !strings.Contains(n[0], "0.0.0.0/0") || !strings.Contains(n[1], "fd00::/48") || !strings.Contains(n[0], "other traffic") {
 		t.Fatalf("notes %q", n)
 	}
 	r.SetServiceCIDRs([]netip.Prefix{mp("10.44.0.0/16")})

@@ -18,9 +18,6 @@ package main
 //     directly (a node routes to its pods).
 
 import (
-	"github.com/spf13/pflag"
-	"github.com/userproxy/userproxy/cmd/userproxy/internal/kpconfig"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,11 +30,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/userproxy/userproxy/cmd/userproxy/internal/kpconfig"
 )
 
 // kubeProxyVersion is the kube-proxy release whose command line and
@@ -353,8 +353,6 @@ func parseFeatureGates(s string) (map[string]bool, error) {
 // logKubeProxyStart logs kube-proxy's start-up lines (cmd/kube-proxy/app
 // server.go, server_linux.go) as structured entries.
 func logKubeProxyStart(logger *zap.Logger, c *kpv1alpha1.KubeProxyConfiguration, f *runFlags, file string) {
-	// kube-proxy's start-up lines (cmd/kube-proxy/app/server.go and
-	// server_linux.go), with its messages and keys.
 	logger.Info("Version info", zap.String("version", versionString()), zap.String("kubeProxyVersion", kubeProxyVersion))
 	logger.Info("Golang settings", zap.String("GOGC", os.Getenv("GOGC")), zap.String("GOMAXPROCS", os.Getenv("GOMAXPROCS")),
 		zap.String("GOTRACEBACK", os.Getenv("GOTRACEBACK")))
@@ -366,15 +364,13 @@ func logKubeProxyStart(logger *zap.Logger, c *kpv1alpha1.KubeProxyConfiguration,
 	} else {
 		logger.Info("Can't determine this node's IP, assuming loopback; if this is incorrect, please set the --bind-address flag")
 	}
-	families := map[bool]bool{}
-	for _, p := range f.serviceCIDRs.values {
-		families[p.Addr().Is4()] = true
-	}
+	// The primary family is the first --service-cidr's, as kube-proxy's is
+	// its first node IP's.
 	primary := "IPv4"
 	if len(f.serviceCIDRs.values) > 0 && !f.serviceCIDRs.values[0].Addr().Is4() {
 		primary = "IPv6"
 	}
-	if len(families) == 2 {
+	if len(servedFamilies(f.serviceCIDRs.values)) == 2 {
 		logger.Info("kube-proxy running in dual-stack mode", zap.String("primary ipFamily", primary))
 	} else {
 		logger.Info("kube-proxy running in single-stack mode", zap.String("ipFamily", primary))

@@ -299,13 +299,13 @@ func decodeFile(name string, data []byte) ([]object, error) {
 			js, err = yaml.YAMLToJSONStrict(d.data)
 			if err != nil {
 				msg := fileLines(err.Error(), d.first)
-				e := fail(-1, "", fmt.Errorf("invalid YAML: %s", msg)).(*DecodeError)
+				e := &DecodeError{File: name, Document: d.n, Line: d.line, Item: -1, Err: fmt.Errorf("invalid YAML: %s", msg)}
 				if m := yamlLine.FindStringSubmatch(msg); m != nil {
 					// The parser names the line after the last for an
-					// error at the end of the stream: the file's last
-					// line is where to look.
+					// error at the end of the stream: the document's
+					// last line is where to look.
 					n, _ := strconv.Atoi(m[1])
-					e.FieldLine = min(n, bytes.Count(data, []byte("\n"))+1)
+					e.FieldLine = min(n, d.first+bytes.Count(bytes.TrimSuffix(d.data, []byte("\n")), []byte("\n")))
 				}
 				return nil, e
 			}

@@ -17,6 +17,7 @@ func FuzzDecodeFile(f *testing.F) {
 	f.Add([]byte("--- {apiVersion: v1, kind: ServiceList, items: [1]}\n"))
 	f.Add([]byte("\ufeff# c\n{\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"name\": \"x\"}, \"spec\": {\"clusterIP\": \"None\"}}\n" +
 		"---\n[1]\n--- {\"apiVersion\": \"v1\", \"kind\": \"List\", \"items\": []}\n...\n{\"a\":\n"))
+	f.Add([]byte("a: \"x\n---\nb: 1\n")) // an error at a document's end, before another
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, name := range []string{"fuzz.yaml", "fuzz.json"} {
 			objs, err := decodeFile(name, data)

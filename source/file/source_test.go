@@ -662,6 +662,12 @@ func TestLoadErrors(t *testing.T) {
 			message: []string{"invalid YAML", "yaml: line 8:"},
 		},
 		{
+			name:    "unterminated string at the end of the document",
+			line:    7,
+			doc:     "apiVersion: v1\nkind: \"Service\n",
+			message: []string{"invalid YAML"},
+		},
+		{
 			name:    "duplicate key",
 			line:    8,
 			doc:     "apiVersion: v1\nkind: Service\nkind: Service\nmetadata: {name: web, namespace: ns1}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n",

@@ -14,6 +14,7 @@ package admin
 //     series are userproxy_*.
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +42,7 @@ type GateStats struct {
 	Accepted                     uint64
 	Oversized                    uint64
 	LinkUnsupported              uint64
+	LinkQueueReads               []uint64
 	TCPInFlight                  int
 	InFlightLimited              uint64
 	HandlerPanics                uint64
@@ -491,6 +493,12 @@ func gateGroup(snap func() GateStats) metricGroup {
 			func(s *GateStats) uint64 { return s.Oversized }),
 		counter(own("gate_link_unsupported_packets_total"), "Packets the TUN handed over that the link dropped unread: a virtio-net header asking for an offload it did not offer, or longer than 64 KiB.",
 			func(s *GateStats) uint64 { return s.LinkUnsupported }),
+		labeled(own("gate_link_queue_packets_total"), "Packets each queue of the TUN handed over (--tun-queues): the kernel puts a flow on the queue its replies leave by, so these show how the flows spread over the readers.",
+			prometheus.CounterValue, []string{"queue"}, func(s *GateStats, emit func(float64, ...string)) {
+				for q, n := range s.LinkQueueReads {
+					emit(float64(n), strconv.Itoa(q))
+				}
+			}),
 		counter(own("gate_handler_panics_total"), "Flow handler panics the stack recovered from.",
 			func(s *GateStats) uint64 { return s.HandlerPanics }),
 		counter(own("gate_translated_flow_panics_total"), "Translated TCP flows reset because their TCP code panicked (each logged with its stack).",

@@ -128,7 +128,7 @@ func fakeSources() admin.Sources {
 		Gate: func() admin.GateStats {
 			return admin.GateStats{PacketsIn: 100, PacketsOut: 90, InvalidIn: 3, Rejected: 2, RejectRateLimited: 1,
 				Dropped: 1, TableFull: 5, Accepted: 11, TCPInFlight: 2, InFlightLimited: 7, SYNACKWaitsWritten: 5, SYNACKWaitsTimedOut: 1,
-				AcksSuperseded: 40, AcksExpired: 3, AcksFlushed: 2, AcksDropped: 1}
+				AcksSuperseded: 40, AcksExpired: 3, AcksFlushed: 2, AcksDropped: 1, LinkQueueReads: []uint64{60, 40}}
 		},
 		ReloadErrors: func() uint64 { return 2 },
 		NodePorts:    func() admin.NodePortStats { return admin.NodePortStats{Open: 3, Failed: 1} },
@@ -163,6 +163,8 @@ func TestMetricsExposition(t *testing.T) {
 		`userproxy_conntrack_unsupported_packets_total{protocol="icmp"} 6`,
 		`userproxy_conntrack_unsupported_packets_total{protocol="icmpv6"} 0`,
 		`userproxy_conntrack_unsupported_packets_total{protocol="47"} 1`,
+		`userproxy_gate_link_queue_packets_total{queue="0"} 60`,
+		`userproxy_gate_link_queue_packets_total{queue="1"} 40`,
 		"userproxy_defrag_fragments_total 20",
 		"userproxy_defrag_reassembled_total 4",
 		`userproxy_defrag_dropped_fragments_total{reason="timeout"} 3`,

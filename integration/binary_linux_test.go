@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -444,6 +445,10 @@ func TestBinarySetupUnprivileged(t *testing.T) {
 	t.Cleanup(func() {
 		_ = exec.Command("ip", "netns", "exec", b.name, bin, "setup", "--remove", "--tun-name", "upxu0").Run()
 	})
+	// setup makes a multi-queue device, so that run opens a queue per CPU.
+	if out, err := exec.Command("ip", "-n", b.name, "-d", "link", "show", "upxu0").CombinedOutput(); err != nil || !strings.Contains(string(out), "multi_queue") {
+		t.Fatalf("the device setup made is not multi-queue (%v):\n%s", err, out)
+	}
 
 	p := startProc(t, "nsenter", "--net=/var/run/netns/"+b.name, "--setuid", u.Uid, "--setgid", u.Gid,
 		bin, "run", "--config", cfg, "--tun-name", "upxu0", "--min-sync-period", "0")
@@ -457,6 +462,9 @@ func TestBinarySetupUnprivileged(t *testing.T) {
 	}
 	if got, err := b.fetchName("10.96.0.10:80"); err != nil || got != "a" {
 		t.Fatalf("TCP service as %s: %q, %v", name, got, err)
+	}
+	if want := fmt.Sprintf(`"queues":%d`, runtime.NumCPU()); !strings.Contains(p.output(), want) {
+		t.Errorf("run did not open a queue per CPU of setup's device (%s):\n%s", want, p.output())
 	}
 	if err := p.stop(t); err != nil {
 		t.Fatalf("exit after SIGTERM: %v", err)

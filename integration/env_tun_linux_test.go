@@ -135,6 +135,9 @@ func setUpTUN(opts netstack.TUNOptions) (*netstack.Link, error) {
 			return nil, fmt.Errorf("sysctl %s: %w", kv[0], err)
 		}
 	}
+	if opts.Queues == 0 && !opts.Portable {
+		opts.Queues = runtime.NumCPU() // as run's default (--tun-queues 0)
+	}
 	link, err := netstack.OpenTUN(opts)
 	if err != nil {
 		return nil, err

@@ -32,11 +32,33 @@ type Link struct {
 	OffloadRefused error
 
 	unsupported *atomic.Uint64 // packets the link dropped unread (Stats.LinkUnsupported)
+	// reads counts the packets each queue handed over (Stats.LinkQueueReads);
+	// nil for links without queues.
+	reads []queueCounter
 	// stopReads, when set, stops the link's readers and waits for them;
 	// Stack.Close calls it before gVisor's Wait, which holds the stack's
 	// lock while it waits for the link: a reader inside gVisor then could
 	// wait for that lock forever.
 	stopReads func()
+}
+
+// queueCounter counts one queue's packets, on a cache line of its own: each
+// queue's reader adds to its own without sharing a line with another's.
+type queueCounter struct {
+	n atomic.Uint64
+	_ [56]byte
+}
+
+// queueReads returns the packets each queue handed over, or nil.
+func (l *Link) queueReads() []uint64 {
+	if l.reads == nil {
+		return nil
+	}
+	out := make([]uint64, len(l.reads))
+	for i := range l.reads {
+		out[i] = l.reads[i].n.Load()
+	}
+	return out
 }
 
 // Name returns the device name, or a description for in-memory links.

@@ -395,6 +395,9 @@ type Stats struct {
 	// unread: a virtio-net header asking for an offload it did not offer (a
 	// GSO type other than TCP's), or a packet longer than 64 KiB.
 	LinkUnsupported uint64
+	// LinkQueueReads counts the packets each queue of a multi-queue TUN
+	// handed over, by queue (nil for other links).
+	LinkQueueReads []uint64
 	// TCPInFlight is the number of TCP handshakes waiting for the handler;
 	// InFlightLimited counts SYNs dropped by the global or per-client limit.
 	TCPInFlight     int
@@ -445,8 +448,8 @@ func (st *Stack) Stats() Stats {
 		Rejected: c.rejected.Load(), RejectRateLimited: c.rejectRateLimited.Load(),
 		Dropped: c.dropped.Load(), TableFull: c.tableFull.Load(),
 		Accepted: c.accepted.Load(), Oversized: c.oversized.Load(),
-		LinkUnsupported: linkUnsupported,
-		TCPInFlight:     inflight, InFlightLimited: c.inFlightLimited.Load(),
+		LinkUnsupported: linkUnsupported, LinkQueueReads: st.link.queueReads(),
+		TCPInFlight: inflight, InFlightLimited: c.inFlightLimited.Load(),
 		HandlerPanics: c.handlerPanics.Load(), FlowPanics: c.flowPanics.Load(),
 		TimerRTOFires: c.xlRTOFires.Load(), TimerAckFires: c.xlAckFires.Load(), HandshakesAborted: c.handshakesAborted.Load(),
 		ResetsAfterEntry: c.resetsOut.Load(), SegmentsAfterEntry: c.resetsIn.Load(),

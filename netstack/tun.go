@@ -11,6 +11,10 @@ type TUNOptions struct {
 	// Queues is the number of queues to open (Linux multi-queue TUN); each
 	// gets its own dispatcher goroutine. 0 means 1.
 	Queues int
+	// MultiQueue opens the device as a multi-queue one even with one
+	// queue: a multi-queue device exists (the kernel refuses to open it
+	// otherwise, and a device made multi-queue stays so).
+	MultiQueue bool
 	// Persistent keeps (or makes) the device persistent: it outlives the
 	// process (Linux). Opening a persistent device made by `userproxy
 	// setup` must set it, or the device would vanish when the proxy exits.

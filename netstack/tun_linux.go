@@ -48,7 +48,7 @@ func OpenTUN(opts TUNOptions) (*Link, error) {
 		}
 		return errors.Join(errs...)
 	}
-	l := &Link{ep: ep, name: name, close: closeAll, unsupported: &ep.unsupported,
+	l := &Link{ep: ep, name: name, close: closeAll, unsupported: &ep.unsupported, reads: ep.reads,
 		stopReads: func() { ep.stopReaders(); ep.readers.Wait() }}
 	l.Offload = ep.vnet
 	if offloadErr != nil {
@@ -63,7 +63,7 @@ func openTUNQueues(opts TUNOptions, vnet bool) ([]tunQueue, string, error) {
 	var queues []tunQueue
 	name := opts.Name
 	for range opts.Queues {
-		q, got, err := openTUNQueue(name, opts.Queues > 1, opts.Persistent, vnet)
+		q, got, err := openTUNQueue(name, opts.Queues > 1 || opts.MultiQueue, opts.Persistent, vnet)
 		if err != nil {
 			for _, q := range queues {
 				_ = q.f.Close()
@@ -81,6 +81,6 @@ func openTUNQueues(opts TUNOptions, vnet bool) ([]tunQueue, string, error) {
 // every open).
 func portableConfig(opts TUNOptions) water.Config {
 	c := water.Config{DeviceType: water.TUN}
-	c.Name, c.Persist = opts.Name, opts.Persistent
+	c.Name, c.Persist, c.MultiQueue = opts.Name, opts.Persistent, opts.MultiQueue
 	return c
 }

@@ -72,7 +72,8 @@ type tunQueue struct {
 // tunEndpoint implements stack.LinkEndpoint over the queues of one device.
 type tunEndpoint struct {
 	queues []tunQueue
-	vnet   bool // packets carry a virtio_net_hdr; host GSO out, super-packets in
+	reads  []queueCounter // packets read, by queue
+	vnet   bool           // packets carry a virtio_net_hdr; host GSO out, super-packets in
 	mtu    atomic.Uint32
 
 	// unsupported counts packets dropped because their header asked for
@@ -102,7 +103,7 @@ var _ stack.GSOEndpoint = (*tunEndpoint)(nil)
 var _ bytesWriter = (*tunEndpoint)(nil)
 
 func newTUNEndpoint(queues []tunQueue, mtu uint32, vnet bool) *tunEndpoint {
-	e := &tunEndpoint{queues: queues, vnet: vnet}
+	e := &tunEndpoint{queues: queues, reads: make([]queueCounter, len(queues)), vnet: vnet}
 	e.mtu.Store(mtu)
 	return e
 }
@@ -169,9 +170,9 @@ func (e *tunEndpoint) Attach(d stack.NetworkDispatcher) {
 	if !first {
 		return
 	}
-	for _, q := range e.queues {
+	for i, q := range e.queues {
 		e.readers.Add(1)
-		go e.read(q)
+		go e.read(q, &e.reads[i].n)
 	}
 }
 
@@ -225,7 +226,7 @@ func (e *tunEndpoint) stopReaders() {
 // packets. Blocking in ppoll instead, as fdbased does, ends the spin
 // described at writevRaw, but interleaved runs put it behind on conn/s, RR
 // and UDP (BENCHMARKS.md, tuning log).
-func (e *tunEndpoint) read(q tunQueue) {
+func (e *tunEndpoint) read(q tunQueue, reads *atomic.Uint64) {
 	defer e.readers.Done()
 	off := 0
 	if e.vnet {
@@ -269,6 +270,7 @@ func (e *tunEndpoint) read(q tunQueue) {
 		if n <= off {
 			continue
 		}
+		reads.Add(1)
 		if n > len(buf) {
 			// tun_put_user returns the whole length of a packet it cut to
 			// the buffer: one over 64 KiB (a BIG TCP skb) is dropped.
@@ -308,14 +310,33 @@ func (e *tunEndpoint) read(q tunQueue) {
 	}
 }
 
+// queueOf is the queue a packet of the flow hashed h leaves on. The kernel
+// reads a flow's packets into the queue its last packet was written on
+// (tun_flow_update on write, tun_automq_select_queue on read, in
+// drivers/net/tun.c; the flow hash is symmetric there as flowHash is here),
+// so writing each flow on one queue keeps its packets on that queue's reader:
+// a flow's work stays on one goroutine, and the flows spread over the queues.
+func (e *tunEndpoint) queueOf(h uint32) tunQueue { return e.queues[h%uint32(len(e.queues))] }
+
+// packetQueue is the queue of a whole IP packet's flow.
+func (e *tunEndpoint) packetQueue(b []byte) tunQueue {
+	if len(e.queues) == 1 {
+		return e.queues[0]
+	}
+	return e.queueOf(flowHashPacket(b))
+}
+
 // WritePackets implements stack.LinkEndpoint: one writev per packet, on the
-// queue the packet's hash picks. A packet the device does not take (its
-// queue full) is dropped, as on any NIC.
+// queue of its flow (queueOf). A packet the device does not take (its queue
+// full) is dropped, as on any NIC.
 func (e *tunEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 	var hdr [vnetHdrLen]byte
 	n := 0
 	for _, pkt := range pkts.AsSlice() {
-		q := e.queues[int(pkt.Hash%uint32(len(e.queues)))]
+		q := e.queues[0]
+		if len(e.queues) > 1 {
+			q = e.queueOf(flowHash(pkt.NetworkHeader().Slice(), pkt.TransportHeader().Slice()))
+		}
 		h := hdr[:0]
 		if e.vnet {
 			e.header(&hdr, pkt)
@@ -341,8 +362,8 @@ var zeroVnetHdr [vnetHdrLen]byte
 
 // WriteBytes writes b, a whole packet with final checksums, in one writev
 // behind an empty virtio-net header (a packet finished, as header writes
-// for one gVisor finished), on the queue WritePackets picks for a packet
-// without a hash (implements bytesWriter).
+// for one gVisor finished), on the queue of its flow (implements
+// bytesWriter).
 func (e *tunEndpoint) WriteBytes(b []byte) tcpip.Error {
 	if e.closed.Load() {
 		return &tcpip.ErrClosedForSend{}
@@ -352,7 +373,7 @@ func (e *tunEndpoint) WriteBytes(b []byte) tcpip.Error {
 	if e.vnet {
 		iovs = appendIovec(iovs, zeroVnetHdr[:])
 	}
-	if errno := writevRaw(e.queues[0].fd, appendIovec(iovs, b)); errno != 0 {
+	if errno := writevRaw(e.packetQueue(b).fd, appendIovec(iovs, b)); errno != 0 {
 		return tcpip.TranslateErrno(errno)
 	}
 	return nil
@@ -364,7 +385,8 @@ func (e *tunEndpoint) Offloads() bool { return e.vnet }
 // WriteSegment writes b, a TCP segment whose checksum the kernel completes
 // (VIRTIO_NET_HDR_F_NEEDS_CSUM from the TCP header on), cut at mss payload
 // bytes if it is longer (host GSO): the header header writes for gVisor's
-// segments under host GSO (implements segmentWriter; Offloads must hold).
+// segments under host GSO, on the queue of its flow (implements
+// segmentWriter; Offloads must hold).
 func (e *tunEndpoint) WriteSegment(b []byte, v6 bool, ipLen, hdrLen, mss int) tcpip.Error {
 	if e.closed.Load() {
 		return &tcpip.ErrClosedForSend{}
@@ -383,7 +405,7 @@ func (e *tunEndpoint) WriteSegment(b []byte, v6 bool, ipLen, hdrLen, mss int) tc
 		le.PutUint16(hdr[4:], uint16(mss))
 	}
 	var arr [2]unix.Iovec
-	if errno := writevRaw(e.queues[0].fd, appendIovec(appendIovec(arr[:0], hdr[:]), b)); errno != 0 {
+	if errno := writevRaw(e.packetQueue(b).fd, appendIovec(appendIovec(arr[:0], hdr[:]), b)); errno != 0 {
 		return tcpip.TranslateErrno(errno)
 	}
 	return nil

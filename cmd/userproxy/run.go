@@ -64,6 +64,7 @@ type runFlags struct {
 	tunName            string
 	tunOffload         bool
 	tunPortable        bool
+	tunQueues          int
 	mtu                int
 	serviceCIDRs       prefixList
 	clusterCIDRs       prefixList
@@ -120,6 +121,7 @@ func (f *runFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.tunName, "tun-name", "userproxy0", "TUN device (created when missing)")
 	fs.IntVar(&f.mtu, "mtu", defaultMTU, "MTU of a TUN device run creates")
 	fs.BoolVar(&f.tunOffload, "tun-offload", true, "open the TUN with virtio-net headers and TCP segmentation and checksum offloads (Linux; falls back without them if refused); false: every packet cut to the MTU and checksummed")
+	fs.IntVar(&f.tunQueues, "tun-queues", 0, "queues of the TUN (Linux multi-queue), each read by its own goroutine: the kernel spreads flows over them, and a flow's packets stay on one; 0: one per CPU the process may run on")
 	f.serviceCIDRs.values = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
 	fs.BoolVar(&f.tunPortable, "tun-portable", os.Getenv("USERPROXY_TUN") == "portable", "open the TUN as macOS must (water's device, the generic device link, routes by commands: ip(8) here, route(8) there) instead of Linux's own path, to run that code on Linux; no offloads, one packet per read (the default follows USERPROXY_TUN=portable)")
 	fs.Var(&f.serviceCIDRs, "service-cidr", "service CIDR routed into the TUN (repeatable; IPv6 too)")
@@ -154,7 +156,7 @@ func (f *runFlags) register(fs *pflag.FlagSet) {
 	f.dns.register(fs)
 	f.log.register(fs)
 	groupFlags(fs, "Objects", "config", "kubeconfig", "min-sync-period", "node-name", "zone")
-	groupFlags(fs, "Device and addresses", "tun-name", "mtu", "tun-offload", "tun-portable", "service-cidr", "cluster-cidr", "nodeport-addresses")
+	groupFlags(fs, "Device and addresses", "tun-name", "mtu", "tun-offload", "tun-queues", "tun-portable", "service-cidr", "cluster-cidr", "nodeport-addresses")
 	groupFlags(fs, "Endpoints", "scheduler", "scheduler-flags", "affinity-list-size", "dial-via", "dial-timeout",
 		"dial-direct-timeout", "apiserver-tunnel-idle", "tcp-translate")
 	groupFlags(fs, "Conntrack", "conntrack-max", "conntrack-tcp-timeout-established", "conntrack-tcp-timeout-close-wait",
@@ -187,6 +189,8 @@ func (f *runFlags) validate() error {
 		return fmt.Errorf("--dial-timeout %v: want a positive duration", f.dialTimeout)
 	case f.procs < 0:
 		return fmt.Errorf("--procs %d is negative", f.procs)
+	case f.tunQueues < 0 || f.tunQueues > maxTUNQueues:
+		return fmt.Errorf("--tun-queues %d: want 0 (one per CPU) to %d (the kernel's limit)", f.tunQueues, maxTUNQueues)
 	case f.maxInFlight <= 0 || f.maxInFlightClient <= 0 || f.maxUDPSessions <= 0 || f.handshakeTimeout <= 0:
 		return errors.New("--max-inflight, --max-inflight-per-client, --max-udp-sessions and --handshake-timeout must be positive")
 	}
@@ -411,7 +415,8 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	}
 
 	// 3. The TUN and the stack.
-	tun, err := openTUN(f.tunName, f.mtu, f.tunOffload, f.tunPortable, f.serviceCIDRs.values, logger.Named("tun"))
+	tun, err := openTUN(tunConfig{name: f.tunName, mtu: f.mtu, offload: f.tunOffload, portable: f.tunPortable, queues: f.queues()},
+		f.serviceCIDRs.values, logger.Named("tun"))
 	if err != nil {
 		return err
 	}

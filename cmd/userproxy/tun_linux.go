@@ -31,14 +31,18 @@ type tunDevice struct {
 	cmdRoutes []netip.Prefix
 }
 
-// openTUN opens the TUN device name, creating it when missing (root), and
+// openTUN opens the TUN device c.name, creating it when missing (root), and
 // adds the routes of cidrs that are missing. A persistent device made by
-// `userproxy setup` is opened as is, without privileges.
-func openTUN(name string, mtu int, offload, portable bool, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
+// `userproxy setup` is opened as is, without privileges; one made without
+// multi-queue (by an older setup, or another tool) is opened with one queue.
+func openTUN(c tunConfig, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
+	name, mtu, queues := c.name, c.mtu, max(c.queues, 1)
 	d := &tunDevice{name: name, logger: logger}
-	if portable {
+	if c.portable {
+		queues = 1 // water opens one
 		d.cmds = ipRoute{}
 	}
+	multiQueue := queues > 1 // as the device is, when it exists
 	existing, err := netlink.LinkByName(name)
 	if err != nil {
 		var notFound netlink.LinkNotFoundError
@@ -52,20 +56,25 @@ func openTUN(name string, mtu int, offload, portable bool, cidrs []netip.Prefix,
 			return nil, fmt.Errorf("device %q exists and is a %s, not a TUN device", name, existing.Type())
 		}
 		mtu = existing.Attrs().MTU
+		multiQueue = existing.(*netlink.Tuntap).Flags&netlink.TUNTAP_MULTI_QUEUE != 0
+		if !multiQueue && queues > 1 {
+			logger.Info("the device is single-queue: one reader (`userproxy setup` makes multi-queue devices)", zap.String("device", name))
+			queues = 1
+		}
 	} else {
 		d.created = true
 	}
 	// A device that exists stays as persistent as it was (water sets the
 	// flag on every open).
 	persistent := existing != nil && isPersistent(existing)
-	d.link, err = netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu), Persistent: persistent, NoOffload: !offload, Portable: portable})
+	d.link, err = netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu), Queues: queues, MultiQueue: multiQueue, Persistent: persistent, NoOffload: !c.offload, Portable: c.portable})
 	if err != nil {
 		return nil, tunHint(name, existing == nil, err)
 	}
 	if d.link.OffloadRefused != nil {
 		logger.Warn("the TUN refused virtio-net headers or TCP offloads; every packet is cut to the MTU", zap.String("device", name), zap.Error(d.link.OffloadRefused))
 	}
-	logger.Info("TUN device open", zap.String("device", name), zap.Bool("offload", d.link.Offload))
+	logger.Info("TUN device open", zap.String("device", name), zap.Bool("offload", d.link.Offload), zap.Int("queues", queues))
 	if d.created {
 		if err := configureNewTUN(name, mtu, logger); err != nil {
 			d.close()
@@ -254,6 +263,7 @@ func setupTUN(name, userName string, mtu int, cidrs []netip.Prefix, remove bool,
 	cfg.Name = name
 	cfg.Persist = true
 	cfg.Permissions = &water.DevicePermissions{Owner: uint(uid), Group: uint(gid)}
+	cfg.MultiQueue = true // run opens a queue per CPU (--tun-queues)
 	ifce, err := water.New(cfg)
 	if err != nil {
 		return fmt.Errorf("creating persistent TUN device %q: %w", name, err)

@@ -24,8 +24,8 @@ type tunDevice struct {
 // routes cidrs into it with route(8). This path runs on Linux too
 // (--tun-portable, tun_linux.go), with ip(8) in place of route(8); on macOS
 // itself it is not tested in CI.
-func openTUN(name string, mtu int, offload, portable bool, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
-	link, err := netstack.OpenTUN(netstack.TUNOptions{Name: name, MTU: uint32(mtu), Portable: true})
+func openTUN(c tunConfig, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
+	link, err := netstack.OpenTUN(netstack.TUNOptions{Name: c.name, MTU: uint32(c.mtu), Portable: true})
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,7 @@ type path struct {
 // A sample is one cell's figures of one repetition.
 type sample struct {
 	value, p99 float64 // the cell's figure; p99 latency for the latency cells
+	rate       float64 // operations per second, for the latency cells over many connections
 	cpu        float64 // the path's process's CPU seconds during the cell
 	hwm        int64   // its peak RSS during the cell, KiB
 	errors     int64
@@ -84,28 +85,44 @@ func (h *harness) cells() []cell {
 func (h *harness) allCells() []cell {
 	d := h.o.duration
 	limit := d + 30*time.Second
-	return []cell{
+	all := []cell{
 		{"connect p50 / p99 (sequential)", "µs", func(h *harness, p path) (sample, error) {
 			r, err := h.load(p.ns, limit, "-mode", "connect", "-target", p.tcp, "-count", "20000", "-duration", d.String())
 			return sample{value: r.P50us, p99: r.P99us, errors: r.Errors, ops: float64(r.Ops)}, err
 		}},
-		{"TCP 1 stream up", "Gbit/s", func(h *harness, p path) (sample, error) { return h.iperf3(p, false) }},
-		{"TCP 1 stream down", "Gbit/s", func(h *harness, p path) (sample, error) { return h.iperf3(p, true) }},
+		{"TCP 1 stream up", "Gbit/s", func(h *harness, p path) (sample, error) { return h.iperf3(p, false, 1) }},
+		{"TCP 1 stream down", "Gbit/s", func(h *harness, p path) (sample, error) { return h.iperf3(p, true, 1) }},
 		{podCell + "TCP 1 stream up", "Gbit/s", func(h *harness, p path) (sample, error) { return h.podIperf3(p, false) }},
 		{podCell + "TCP 1 stream down", "Gbit/s", func(h *harness, p path) (sample, error) { return h.podIperf3(p, true) }},
-		{"TCP conn/s (64 workers)", "conn/s", func(h *harness, p path) (sample, error) {
-			r, err := h.load(p.ns, limit, "-mode", "conn", "-target", p.tcp, "-workers", "64", "-duration", d.String())
-			return sample{value: r.Rate, errors: r.Errors, ops: float64(r.Ops)}, err
-		}},
-		{"RR p50 / p99 (one conn)", "µs", func(h *harness, p path) (sample, error) {
-			r, err := h.load(p.ns, limit, "-mode", "rr", "-target", p.tcp, "-duration", d.String())
-			return sample{value: r.P50us, p99: r.P99us, errors: r.Errors, ops: float64(r.Ops)}, err
-		}},
-		{"UDP RR/s (16 in flight)", "RR/s", func(h *harness, p path) (sample, error) {
-			r, err := h.load(p.ns, limit, "-mode", "udp", "-target", p.udp, "-workers", "16", "-duration", d.String())
-			return sample{value: r.Rate, errors: r.Errors, ops: float64(r.Ops)}, err
-		}},
 	}
+	for _, n := range []int{4, 16} {
+		all = append(all,
+			cell{fmt.Sprintf("TCP %d streams up", n), "Gbit/s", func(h *harness, p path) (sample, error) { return h.iperf3(p, false, n) }},
+			cell{fmt.Sprintf("TCP %d streams down", n), "Gbit/s", func(h *harness, p path) (sample, error) { return h.iperf3(p, true, n) }})
+	}
+	for _, n := range []string{"64", "256"} {
+		all = append(all, cell{"TCP conn/s (" + n + " workers)", "conn/s", func(h *harness, p path) (sample, error) {
+			r, err := h.load(p.ns, limit, "-mode", "conn", "-target", p.tcp, "-workers", n, "-duration", d.String())
+			return sample{value: r.Rate, errors: r.Errors, ops: float64(r.Ops)}, err
+		}})
+	}
+	for _, n := range []string{"1", "64", "256"} {
+		name := "RR p50 / p99 (one conn)"
+		if n != "1" {
+			name = "RR p50 / p99 (" + n + " conns)"
+		}
+		all = append(all, cell{name, "µs", func(h *harness, p path) (sample, error) {
+			r, err := h.load(p.ns, limit, "-mode", "rr", "-target", p.tcp, "-workers", n, "-duration", d.String())
+			return sample{value: r.P50us, p99: r.P99us, rate: r.Rate, errors: r.Errors, ops: float64(r.Ops)}, err
+		}})
+	}
+	for _, n := range []string{"16", "64"} {
+		all = append(all, cell{"UDP RR/s (" + n + " flows)", "RR/s", func(h *harness, p path) (sample, error) {
+			r, err := h.load(p.ns, limit, "-mode", "udp", "-target", p.udp, "-workers", n, "-duration", d.String())
+			return sample{value: r.Rate, errors: r.Errors, ops: float64(r.Ops)}, err
+		}})
+	}
+	return all
 }
 
 // iperfResult is the part of iperf3's JSON report the harness reads.
@@ -167,14 +184,15 @@ func iperfNotReady(r iperfResult) string {
 // namespace.
 func (h *harness) podIperf3(p path, down bool) (sample, error) {
 	p.ns = p.pod
-	return h.iperf3(p, down)
+	return h.iperf3(p, down, 1)
 }
 
-// iperf3 runs one iperf3 stream over p: client to endpoint (up), or with
-// -R endpoint to client (down); the figure is what the receiver counted.
-func (h *harness) iperf3(p path, down bool) (sample, error) {
+// iperf3 runs iperf3 with streams parallel streams over p: client to
+// endpoint (up), or with -R endpoint to client (down); the figure is what
+// the receiver counted, all streams together.
+func (h *harness) iperf3(p path, down bool, streams int) (sample, error) {
 	host, port, _ := strings.Cut(p.iperf, ":")
-	args := []string{"-c", host, "-p", port, "-t", fmt.Sprint(max(1, int(h.o.duration.Seconds()+0.5))), "-J"}
+	args := []string{"-c", host, "-p", port, "-t", fmt.Sprint(max(1, int(h.o.duration.Seconds()+0.5))), "-J", "-P", fmt.Sprint(streams)}
 	if down {
 		args = append(args, "-R")
 	}
@@ -376,7 +394,16 @@ func formatCell(cl cell, paths []path, ss [][]sample, pi int) string {
 		if paths[pi].ours && best(false) != 0 {
 			peer = fmt.Sprintf("; %s / %s best peer", ratio(m, best(false)), ratio(m99, best(true)))
 		}
-		return fmt.Sprintf("%.0f / %.0f µs (%s / %s%s)", m, m99, ratio(m, k), ratio(m99, median(ss[kernelPath], true)), peer)
+		out := fmt.Sprintf("%.0f / %.0f µs (%s / %s%s)", m, m99, ratio(m, k), ratio(m99, median(ss[kernelPath], true)), peer)
+		if strings.HasSuffix(cl.name, "conns)") {
+			// Over many connections, the exchanges per second too.
+			rates := make([]float64, len(ss[pi]))
+			for i, s := range ss[pi] {
+				rates[i] = s.rate
+			}
+			out += fmt.Sprintf("; %.0f/s", medianOf(rates))
+		}
+		return out
 	case paths[pi].ours && best(false) != 0:
 		peer = fmt.Sprintf("; %s best peer", ratio(m, best(false)))
 	}

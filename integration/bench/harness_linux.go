@@ -28,6 +28,7 @@ type options struct {
 	memoryOnly bool   // only the memory table
 	keep       time.Duration
 	proxyEnv   string // extra environment of userproxy (experiments: GOMAXPROCS, GOGC)
+	proxyFlags string // extra flags of userproxy run (experiments: --tun-queues 1)
 	services   []int  // control plane sizes
 	hold       int    // idle connections and UDP flows for the memory table
 	out        io.Writer
@@ -45,6 +46,7 @@ func harnessMain(args []string) error {
 	fs.StringVar(&o.profile, "profile", "", "save a CPU profile of userproxy per datapath cell (first repetition) in this directory")
 	fs.StringVar(&o.cells, "cells", "", "comma-separated: only the datapath cells whose names contain one of these (e.g. conn,UDP)")
 	fs.StringVar(&o.proxyEnv, "proxy-env", "", "comma-separated KEY=VALUE added to userproxy's environment (e.g. GOGC=400)")
+	fs.StringVar(&o.proxyFlags, "proxy-flags", "", "space-separated flags added to userproxy run's (e.g. --tun-queues=1)")
 	fs.DurationVar(&o.keep, "keep", 0, "after setting up, keep the topology this long for inspection, then go on")
 	fs.BoolVar(&o.noData, "skip-datapath", false, "skip the datapath table (memory and control plane only)")
 	fs.BoolVar(&o.datapath, "datapath-only", false, "only the datapath table (no memory, no control plane)")
@@ -190,6 +192,7 @@ func (h *harness) setUp() error {
 	argv = append(argv, h.o.userproxy, "run", "--config", h.cfg,
 		"--tun-name", tunName, "--service-cidr", serviceCIDR, "--min-sync-period", "0",
 		"--log-format", "json", "--log-level", "warn")
+	argv = append(argv, strings.Fields(h.o.proxyFlags)...)
 	h.proxy, err = startProc("userproxy", "ip", append(argv, adminFlags...)...)
 	if err != nil {
 		return err

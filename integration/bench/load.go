@@ -34,7 +34,8 @@ const maxSamples = 1 << 20
 // loadMain is the load generator, run inside a client namespace. Modes:
 //
 //	conn     workers x (connect, write size, read size, close) until duration
-//	rr       one connection, (write size, read size) until duration
+//	rr       workers x one connection, (write size, read size) until
+//	         duration
 //	udp      workers x one connected socket, (send size, await the echo)
 //	lat      connect latency to each target in turn, count times each
 //	connect  one client, sequential connects (each then echoes size and
@@ -49,7 +50,7 @@ func loadMain(args []string) error {
 	target := fs.String("target", "", "ip:port")
 	targets := fs.String("targets", "", "comma-separated ip:port (mode lat)")
 	duration := fs.Duration("duration", 5*time.Second, "how long to run (conn, rr, udp)")
-	workers := fs.Int("workers", 64, "concurrent workers (conn, udp, hold)")
+	workers := fs.Int("workers", 64, "concurrent workers (conn, rr, udp, hold)")
 	size := fs.Int("size", 64, "bytes each way per operation")
 	count := fs.Int("count", 1000, "connections or flows (hold, holdudp), connects per target (lat), most connects (connect)")
 	if err := fs.Parse(args); err != nil {
@@ -63,7 +64,7 @@ func loadMain(args []string) error {
 	case "conn":
 		res = runWorkers(*workers, *duration, func(w *worker) error { return connOnce(*target, *size, w) })
 	case "rr":
-		res, err = runRR(*target, *size, *duration)
+		res, err = runRR(*target, *size, *workers, *duration)
 	case "udp":
 		res, err = runUDP(*target, *size, *workers, *duration)
 	case "lat":
@@ -175,13 +176,19 @@ func echo(c net.Conn, p []byte) error {
 	return err
 }
 
-func runRR(target string, size int, d time.Duration) (loadResult, error) {
-	c, err := net.DialTimeout("tcp", target, 2*time.Second)
-	if err != nil {
-		return loadResult{}, err
+// runRR opens n connections, then each worker exchanges size bytes each
+// way on its own, one exchange at a time, until d has passed.
+func runRR(target string, size, n int, d time.Duration) (loadResult, error) {
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		c, err := net.DialTimeout("tcp", target, 2*time.Second)
+		if err != nil {
+			return loadResult{}, err
+		}
+		defer c.Close()
+		conns[i] = c
 	}
-	defer c.Close()
-	return runWorkers(1, d, func(w *worker) error { return echo(c, w.buf[:size]) }), nil
+	return runWorkers(n, d, func(w *worker) error { return echo(conns[w.id], w.buf[:size]) }), nil
 }
 
 func runUDP(target string, size, n int, d time.Duration) (loadResult, error) {

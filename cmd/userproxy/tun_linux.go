@@ -56,7 +56,15 @@ func openTUN(c tunConfig, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice,
 			return nil, fmt.Errorf("device %q exists and is a %s, not a TUN device", name, existing.Type())
 		}
 		mtu = existing.Attrs().MTU
-		multiQueue = existing.(*netlink.Tuntap).Flags&netlink.TUNTAP_MULTI_QUEUE != 0
+		t := existing.(*netlink.Tuntap)
+		// A multi-queue device takes more queues while another process
+		// reads it, and the kernel would move some of that process's flows
+		// onto ours: refused, as a single-queue device refuses a second
+		// open (EBUSY in tun_attach).
+		if t.Queues > 0 {
+			return nil, tunHint(name, false, fmt.Errorf("%d queue(s) attached: %w", t.Queues, unix.EBUSY))
+		}
+		multiQueue = t.Flags&netlink.TUNTAP_MULTI_QUEUE != 0
 		if !multiQueue && queues > 1 {
 			logger.Info("the device is single-queue: one reader (`userproxy setup` makes multi-queue devices)", zap.String("device", name))
 			queues = 1

@@ -67,11 +67,11 @@ type Options struct {
 	Admit AdmitFunc
 	// MaxInFlight bounds the TCP handshakes handed to the flow handler and
 	// not yet completed; further SYNs are dropped (the client retries).
-	// 0 means 1024.
+	// 0 means DefaultMaxInFlight.
 	MaxInFlight int
 	// MaxInFlightPerClient bounds one client address's share of
 	// MaxInFlight, so a SYN flood from one client cannot starve others.
-	// 0 means MaxInFlight/8 (at least 1).
+	// 0 means MaxInFlight/4 (at least 1).
 	MaxInFlightPerClient int
 	// ICMPPerSecond and ICMPBurst rate-limit the port unreachables of
 	// rejected flows (the kernel's icmp_msgs_per_sec and icmp_msgs_burst);
@@ -133,15 +133,23 @@ type Stack struct {
 type handlerBox struct{ h FlowHandler }
 
 // New builds the stack over opts.Link. On error the link is closed.
+// DefaultMaxInFlight is the default bound on TCP handshakes in flight: the
+// kernel's default listen backlog (SOMAXCONN, 4096 since Linux 5.4), the
+// most handshakes one listener of an endpoint queues. One client may hold a
+// quarter: a test suite or a pod opening 256 connections at once (the
+// harness's conn/s cell) lost a few to SYNs dropped at 128 and waited a
+// second for each.
+const DefaultMaxInFlight = 4096
+
 func New(opts Options) (*Stack, error) {
 	if opts.Link == nil || opts.Conntrack == nil {
 		return nil, errors.New("netstack: Options.Link and Options.Conntrack are required")
 	}
 	if opts.MaxInFlight <= 0 {
-		opts.MaxInFlight = 1024
+		opts.MaxInFlight = DefaultMaxInFlight
 	}
 	if opts.MaxInFlightPerClient <= 0 {
-		opts.MaxInFlightPerClient = max(1, opts.MaxInFlight/8)
+		opts.MaxInFlightPerClient = max(1, opts.MaxInFlight/4)
 	}
 	if opts.ICMPPerSecond <= 0 {
 		opts.ICMPPerSecond = 1000

@@ -213,7 +213,7 @@ func (h *harness) iperf3(p path, down bool, streams int) (sample, error) {
 		// then, later versions 1): the report decides, the exit status
 		// only when there is no report.
 		var out []byte
-		out, err = inNS(p.ns, h.o.duration+30*time.Second, "iperf3", args...)
+		out, err = h.inLoadNS(p.ns, h.o.duration+30*time.Second, "iperf3", args...)
 		r = iperfResult{}
 		if jerr := json.Unmarshal(out, &r); jerr != nil {
 			if err != nil {

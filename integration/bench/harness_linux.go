@@ -29,6 +29,7 @@ type options struct {
 	keep       time.Duration
 	proxyEnv   string // extra environment of userproxy (experiments: GOMAXPROCS, GOGC)
 	proxyFlags string // extra flags of userproxy run (experiments: --tun-queues 1)
+	pin        string // "LOAD:BACKENDS": CPU lists for taskset, or "" for none
 	services   []int  // control plane sizes
 	hold       int    // idle connections and UDP flows for the memory table
 	out        io.Writer
@@ -46,6 +47,7 @@ func harnessMain(args []string) error {
 	fs.StringVar(&o.profile, "profile", "", "save a CPU profile of userproxy per datapath cell (first repetition) in this directory")
 	fs.StringVar(&o.cells, "cells", "", "comma-separated: only the datapath cells whose names contain one of these (e.g. conn,UDP)")
 	fs.StringVar(&o.proxyEnv, "proxy-env", "", "comma-separated KEY=VALUE added to userproxy's environment (e.g. GOGC=400)")
+	fs.StringVar(&o.pin, "pin", "", "LOAD:BACKENDS, two CPU lists (e.g. 0:1): the load generator and iperf3's client run on the first, the backends and iperf3's server on the second, for every row alike; the path's own process (userproxy, a peer) and the kernel's work are not pinned. Default: nothing pinned")
 	fs.StringVar(&o.proxyFlags, "proxy-flags", "", "space-separated flags added to userproxy run's (e.g. --tun-queues=1)")
 	fs.DurationVar(&o.keep, "keep", 0, "after setting up, keep the topology this long for inspection, then go on")
 	fs.BoolVar(&o.noData, "skip-datapath", false, "skip the datapath table (memory and control plane only)")
@@ -53,6 +55,9 @@ func harnessMain(args []string) error {
 	fs.BoolVar(&o.memoryOnly, "memory-only", false, "only the memory table (no datapath, no control plane)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if l, b, ok := strings.Cut(o.pin, ":"); o.pin != "" && (!ok || l == "" || b == "") {
+		return fmt.Errorf("-pin %q: want LOAD:BACKENDS, two CPU lists such as 0:1", o.pin)
 	}
 	o.services, o.hold = []int{1000, 5000, 10000}, 10000
 	if o.short {
@@ -69,7 +74,11 @@ func harnessMain(args []string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("the harness needs root (namespaces, a TUN device, iptables)")
 	}
-	for _, tool := range []string{"ip", "iptables-restore", "iperf3", "sysctl"} {
+	tools := []string{"ip", "iptables-restore", "iperf3", "sysctl"}
+	if o.pin != "" {
+		tools = append(tools, "taskset")
+	}
+	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("the harness needs %s (apt-get install iproute2 iptables iperf3 procps): %w", tool, err)
 		}
@@ -161,13 +170,13 @@ func (h *harness) setUp() error {
 	for i := range addrs {
 		addrs[i] = endpointAddr(i)
 	}
-	if h.backends, err = startProc("backends", "ip", "netns", "exec", h.topo.b, h.self, "serve", "-addrs", strings.Join(addrs, ",")); err != nil {
+	if h.backends, err = startProc("backends", "ip", h.pinned(h.o.backendCPUs(), "netns", "exec", h.topo.b, h.self, "serve", "-addrs", strings.Join(addrs, ","))...); err != nil {
 		return err
 	}
 	if l, err := h.backends.line(10 * time.Second); err != nil || l != "ready" {
 		return fmt.Errorf("backends did not start: %q %v", l, err)
 	}
-	if h.iperf, err = startProc("iperf3 server", "ip", "netns", "exec", h.topo.b, "iperf3", "-s", "-B", endpointAddr(0), "-p", "5201", "--logfile", filepath.Join(h.dir, "iperf3.log")); err != nil {
+	if h.iperf, err = startProc("iperf3 server", "ip", h.pinned(h.o.backendCPUs(), "netns", "exec", h.topo.b, "iperf3", "-s", "-B", endpointAddr(0), "-p", "5201", "--logfile", filepath.Join(h.dir, "iperf3.log"))...); err != nil {
 		return err
 	}
 	h.cfg = filepath.Join(h.dir, "services.yaml")
@@ -249,9 +258,37 @@ func (h *harness) loadRules(ns string, timeout time.Duration) (time.Duration, er
 	return time.Since(start), err
 }
 
+// loadCPUs and backendCPUs are -pin's two CPU lists ("" for none).
+func (o options) loadCPUs() string {
+	l, _, _ := strings.Cut(o.pin, ":")
+	return l
+}
+
+func (o options) backendCPUs() string {
+	_, b, _ := strings.Cut(o.pin, ":")
+	return b
+}
+
+// pinned puts taskset -c cpus before the command after "netns exec NS"
+// in args (an ip(8) argument list), when cpus is set.
+func (h *harness) pinned(cpus string, args ...string) []string {
+	if cpus == "" || len(args) < 4 {
+		return args
+	}
+	return append(append(append([]string(nil), args[:3]...), "taskset", "-c", cpus), args[3:]...)
+}
+
+// inLoadNS runs name in namespace ns on the load generator's CPUs (-pin).
+func (h *harness) inLoadNS(ns string, timeout time.Duration, name string, args ...string) ([]byte, error) {
+	if cpus := h.o.loadCPUs(); cpus != "" {
+		return inNS(ns, timeout, "taskset", append([]string{"-c", cpus, name}, args...)...)
+	}
+	return inNS(ns, timeout, name, args...)
+}
+
 // load runs the load generator in namespace ns and decodes its result.
 func (h *harness) load(ns string, timeout time.Duration, args ...string) (loadResult, error) {
-	out, err := inNS(ns, timeout, h.self, append([]string{"load"}, args...)...)
+	out, err := h.inLoadNS(ns, timeout, h.self, append([]string{"load"}, args...)...)
 	var r loadResult
 	if err != nil {
 		return r, err
@@ -278,8 +315,13 @@ func (h *harness) machine() {
 			fmt.Fprintf(h.o.out, "- peer %s: %s\n", pr.name, strings.TrimSpace(pr.version))
 		}
 	}
-	fmt.Fprintf(h.o.out, "- topology: client namespace -> veth -> endpoints namespace; %d repetition(s), interleaved, %v per datapath cell\n\n",
-		h.o.reps, h.o.duration)
+	pin := "nothing pinned: the load generator, the backends, iperf3 and the path's process float over every CPU, for every row alike"
+	if h.o.pin != "" {
+		pin = fmt.Sprintf("the load generator and iperf3's client on CPUs %s, the backends and iperf3's server on CPUs %s, for every row alike; the path's process and the kernel's work not pinned",
+			h.o.loadCPUs(), h.o.backendCPUs())
+	}
+	fmt.Fprintf(h.o.out, "- topology: client namespace -> veth -> endpoints namespace; %d repetition(s), interleaved, %v per datapath cell; %s\n\n",
+		h.o.reps, h.o.duration, pin)
 }
 
 func (h *harness) fail(format string, args ...any) {

@@ -45,8 +45,10 @@ func TestTUNQueues(t *testing.T) {
 			}
 			saved := translateTCP
 			translateTCP = translated
-			h := newRig(t, link, testSeed(t, 48))
-			translateTCP = saved
+			h := func() *rig {
+				defer func() { translateTCP = saved }()
+				return newRig(t, link, testSeed(t, 48))
+			}()
 			c := &nsClient{ns: ns, work: make(chan func())}
 			startWorkers(t, c)
 			be := startTCPBackend(t, "127.0.0.1", func(c net.Conn) { _, _ = io.Copy(c, c) })

@@ -7,7 +7,9 @@ import "encoding/binary"
 // addresses and, for TCP and UDP, its two ports. It is the same both ways,
 // as the kernel's __skb_get_hash_symmetric is: a packet and its reply hash
 // alike, so a multi-queue TUN writes every packet of a flow on one queue. A
-// packet that is not IPv4 or IPv6 hashes to 0.
+// packet that is not IPv4 or IPv6 hashes to 0. An IPv6 fragment hashes by
+// its addresses and the fragment header's protocol number (44), as every
+// other extension header does.
 func flowHash(ip, l4 []byte) uint32 {
 	if len(ip) == 0 {
 		return 0
@@ -20,9 +22,12 @@ func flowHash(ip, l4 []byte) uint32 {
 			return 0
 		}
 		src, dst, proto = ip[12:16], ip[16:20], ip[9]
-		// A fragment past the first has no ports: its addresses alone.
-		if binary.BigEndian.Uint16(ip[6:8])&0x1fff != 0 {
-			proto = 0
+		// A fragment, the first one too, hashes by its addresses and
+		// protocol alone, as the kernel's flow dissector does (it reads
+		// no ports past a fragment header unless asked to): every
+		// fragment of a datagram then leaves on one queue.
+		if binary.BigEndian.Uint16(ip[6:8])&0x3fff != 0 {
+			l4 = nil
 		}
 	case 6:
 		if len(ip) < 40 {
@@ -53,7 +58,9 @@ func flowHashPacket(pkt []byte) uint32 {
 	if pkt[0]>>4 == 4 {
 		off = int(pkt[0]&0x0f) * 4
 	}
-	if off > len(pkt) {
+	// A header length below the fixed header's (or past the packet) puts
+	// no ports anywhere: such a packet hashes by its addresses.
+	if off < 20 || off > len(pkt) {
 		return flowHash(pkt, nil)
 	}
 	return flowHash(pkt, pkt[off:])

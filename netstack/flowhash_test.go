@@ -66,18 +66,25 @@ func TestFlowHashSpreads(t *testing.T) {
 }
 
 // Short, truncated and non-IP input neither panics nor reads past its end;
-// a later fragment hashes by its addresses alone.
+// every fragment of a datagram, the first one too, hashes by its addresses
+// and protocol alone (the kernel's flow dissector reads no ports past a
+// fragment header), so all of them leave on one queue.
 func TestFlowHashMalformed(t *testing.T) {
 	for _, b := range [][]byte{nil, {0x45}, {0x60, 0, 0}, {0x10, 1, 2, 3}, make([]byte, 19), {0x4f, 0, 0, 20}} {
 		_ = flowHashPacket(b)
 	}
 	a, b := netip.MustParseAddrPort("192.0.2.7:40000"), netip.MustParseAddrPort("10.96.0.10:80")
+	first := tcpPacket(a, b, header.TCPFlagAck, 1, 1)
+	first[6] = 0x20 // more fragments, offset 0
 	later := tcpPacket(a, b, header.TCPFlagAck, 1, 1)
 	later[6], later[7] = 0, 10 // fragment offset 80: no ports
 	other := tcpPacket(netip.AddrPortFrom(a.Addr(), 40001), b, header.TCPFlagAck, 1, 1)
 	other[6], other[7] = 0, 10
 	if flowHashPacket(later) != flowHashPacket(other) {
 		t.Error("two later fragments of the same addresses hash apart: their ports were read")
+	}
+	if flowHashPacket(first) != flowHashPacket(later) {
+		t.Error("a datagram's first fragment and a later one hash apart: the first one's ports were read")
 	}
 }
 
@@ -89,6 +96,21 @@ func FuzzFlowHash(f *testing.F) {
 		h := flowHashPacket(b)
 		if len(b) < 20 && h != 0 {
 			t.Fatalf("%d bytes hash to %#x: shorter than any IP header", len(b), h)
+		}
+		// The same packet with its ends swapped (addresses and, past the
+		// IPv4 header's options, ports) hashes alike.
+		if len(b) < 20 || b[0]>>4 != 4 {
+			return
+		}
+		r := append([]byte(nil), b...)
+		copy(r[12:16], b[16:20])
+		copy(r[16:20], b[12:16])
+		if ihl := int(b[0]&0x0f) * 4; ihl >= 20 && ihl+4 <= len(b) {
+			copy(r[ihl:ihl+2], b[ihl+2:ihl+4])
+			copy(r[ihl+2:ihl+4], b[ihl:ihl+2])
+		}
+		if flowHashPacket(r) != h {
+			t.Fatalf("%x hashes to %#x, with its ends swapped to %#x", b, h, flowHashPacket(r))
 		}
 	})
 }

@@ -17,6 +17,7 @@ package netstack
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"errors"
 	"net"
@@ -89,9 +90,10 @@ func (r *TCPRequest) Accept() (*TCPConn, error) {
 		r.st.mu.Lock()
 		pd := r.st.inFlight[r.id]
 		aborted := pd != nil && pd.aborted
-		if pd != nil {
+		if pd != nil && !pd.handshaking {
 			pd.handshaking = true
 			pd.since = time.Now()
+			pd.elem = r.st.handshakes.PushBack(r.id)
 		}
 		r.st.mu.Unlock()
 		if aborted {
@@ -269,6 +271,9 @@ func (st *Stack) release(id stack.TransportEndpointID) {
 	st.mu.Lock()
 	if pd, ok := st.inFlight[id]; ok {
 		pd.timer.Stop()
+		if pd.elem != nil {
+			st.handshakes.Remove(pd.elem)
+		}
 		delete(st.inFlight, id)
 		if st.perAddr[client]--; st.perAddr[client] <= 0 {
 			delete(st.perAddr, client)
@@ -280,9 +285,10 @@ func (st *Stack) release(id stack.TransportEndpointID) {
 // pending is an in-flight handshake: what it takes to abort it.
 type pending struct {
 	since       time.Time
-	handshaking bool   // Accept sent the SYN-ACK: only the client's ACK is missing
-	aborted     bool   // timed out or evicted: Accept refuses it
-	rcvNxt      uint32 // the client's sequence number after its SYN
+	handshaking bool          // Accept sent the SYN-ACK: only the client's ACK is missing
+	elem        *list.Element // its place in Stack.handshakes, once handshaking
+	aborted     bool          // timed out or evicted: Accept refuses it
+	rcvNxt      uint32        // the client's sequence number after its SYN
 	nic         tcpip.NICID
 	proto       tcpip.NetworkProtocolNumber
 	timer       *time.Timer
@@ -295,16 +301,26 @@ const evictAge = time.Second
 
 // oldestHandshake finds the in-flight request that has waited longest (and
 // at least evictAge) for its client's ACK. The caller holds st.mu.
+//
+// The handshakes are in the order their SYN-ACKs went: the first one not
+// aborted already (an aborted one leaves at its release, soon after) is the
+// oldest, without a scan of the table, which a SYN flood would make on
+// every SYN it sends.
 func (st *Stack) oldestHandshake(id *stack.TransportEndpointID) bool {
-	var oldest time.Time
-	found := false
 	cutoff := time.Now().Add(-evictAge)
-	for k, pd := range st.inFlight {
-		if pd.handshaking && !pd.aborted && pd.since.Before(cutoff) && (!found || pd.since.Before(oldest)) {
-			*id, oldest, found = k, pd.since, true
+	for e := st.handshakes.Front(); e != nil; e = e.Next() {
+		k := e.Value.(stack.TransportEndpointID)
+		pd := st.inFlight[k]
+		if pd == nil || pd.aborted {
+			continue
 		}
+		if !pd.since.Before(cutoff) {
+			return false
+		}
+		*id = k
+		return true
 	}
-	return found
+	return false
 }
 
 // abortHandshake ends a handshake still in flight by delivering to gVisor,

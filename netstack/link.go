@@ -61,6 +61,15 @@ func (l *Link) queueReads() []uint64 {
 	return out
 }
 
+// Close closes a link that was never handed to New (New's Stack closes the
+// links it owns).
+func (l *Link) Close() error {
+	if l.close == nil {
+		return nil
+	}
+	return l.close()
+}
+
 // Name returns the device name, or a description for in-memory links.
 func (l *Link) Name() string { return l.name }
 

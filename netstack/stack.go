@@ -13,6 +13,7 @@ package netstack
 //     handler.
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -120,19 +121,22 @@ type Stack struct {
 	acks        ackHolder // the link gate's (ackhold.go)
 	xl          translator
 
-	mu        sync.Mutex
-	closed    bool
-	inFlight  map[stack.TransportEndpointID]*pending
-	perAddr   map[netip.Addr]int
-	handlers  sync.WaitGroup
-	ctx       context.Context
-	cancel    context.CancelFunc
-	closeOnce sync.Once
+	mu       sync.Mutex
+	closed   bool
+	inFlight map[stack.TransportEndpointID]*pending
+	perAddr  map[netip.Addr]int
+	// handshakes holds the requests whose SYN-ACK is out (Accept), in the
+	// order it went (stack.TransportEndpointID): the oldest is at the front,
+	// so a full table finds the one to evict without a scan.
+	handshakes list.List
+	handlers   sync.WaitGroup
+	ctx        context.Context
+	cancel     context.CancelFunc
+	closeOnce  sync.Once
 }
 
 type handlerBox struct{ h FlowHandler }
 
-// New builds the stack over opts.Link. On error the link is closed.
 // DefaultMaxInFlight is the default bound on TCP handshakes in flight: the
 // kernel's default listen backlog (SOMAXCONN, 4096 since Linux 5.4), the
 // most handshakes one listener of an endpoint queues. One client may hold a
@@ -141,6 +145,7 @@ type handlerBox struct{ h FlowHandler }
 // second for each.
 const DefaultMaxInFlight = 4096
 
+// New builds the stack over opts.Link. On error the link is closed.
 func New(opts Options) (*Stack, error) {
 	if opts.Link == nil || opts.Conntrack == nil {
 		return nil, errors.New("netstack: Options.Link and Options.Conntrack are required")

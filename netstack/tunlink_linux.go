@@ -318,6 +318,19 @@ func (e *tunEndpoint) read(q tunQueue, reads *atomic.Uint64) {
 // a flow's work stays on one goroutine, and the flows spread over the queues.
 func (e *tunEndpoint) queueOf(h uint32) tunQueue { return e.queues[h%uint32(len(e.queues))] }
 
+// packetBufferQueue is the queue of a packet gVisor hands over: by its
+// headers, or for a packet whose headers are not parsed out (the gate's own
+// packets, built as payload), by the packet's first view.
+func (e *tunEndpoint) packetBufferQueue(pkt *stack.PacketBuffer) tunQueue {
+	if nh := pkt.NetworkHeader().Slice(); len(nh) > 0 {
+		return e.queueOf(flowHash(nh, pkt.TransportHeader().Slice()))
+	}
+	if views := pkt.AsSlices(); len(views) > 0 {
+		return e.queueOf(flowHashPacket(views[0]))
+	}
+	return e.queues[0]
+}
+
 // packetQueue is the queue of a whole IP packet's flow.
 func (e *tunEndpoint) packetQueue(b []byte) tunQueue {
 	if len(e.queues) == 1 {
@@ -335,7 +348,7 @@ func (e *tunEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Erro
 	for _, pkt := range pkts.AsSlice() {
 		q := e.queues[0]
 		if len(e.queues) > 1 {
-			q = e.queueOf(flowHash(pkt.NetworkHeader().Slice(), pkt.TransportHeader().Slice()))
+			q = e.packetBufferQueue(pkt)
 		}
 		h := hdr[:0]
 		if e.vnet {

@@ -147,7 +147,7 @@ func (f *runFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.dialDirect, "dial-direct-timeout", time.Second, "with --dial-via auto: how long the first direct dial of an endpoint may take before the API server is tried")
 	fs.DurationVar(&f.tunnelIdle, "apiserver-tunnel-idle", 30*time.Second, "how long a pod's tunnel through the API server stays open without flows")
 	fs.IntVar(&f.maxInFlight, "max-inflight", netstack.DefaultMaxInFlight, "TCP handshakes waiting for their endpoint at once (the kernel's default listen backlog); further SYNs are dropped (counted)")
-	fs.IntVar(&f.maxInFlightClient, "max-inflight-per-client", netstack.DefaultMaxInFlight/4, "one client address's share of --max-inflight")
+	fs.IntVar(&f.maxInFlightClient, "max-inflight-per-client", 0, "one client address's share of --max-inflight; 0: a quarter of it")
 	fs.BoolVar(&f.tcpTranslate, "tcp-translate", os.Getenv("USERPROXY_TCP_TRANSLATE") != "0", "carry TCP flows to endpoints dialled directly without gVisor's TCP: their sequence space follows the endpoint sockets' (false: gVisor terminates them; the default follows USERPROXY_TCP_TRANSLATE=0|1)")
 	fs.IntVar(&f.maxUDPSessions, "max-udp-sessions", 65536, "concurrent UDP flows; further flows are refused (counted as table_full)")
 	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "time a client has to complete its TCP handshake, from its SYN: the endpoint dial runs within it")
@@ -191,8 +191,8 @@ func (f *runFlags) validate() error {
 		return fmt.Errorf("--procs %d is negative", f.procs)
 	case f.tunQueues < 0 || f.tunQueues > maxTUNQueues:
 		return fmt.Errorf("--tun-queues %d: want 0 (one per CPU) to %d (the kernel's limit)", f.tunQueues, maxTUNQueues)
-	case f.maxInFlight <= 0 || f.maxInFlightClient <= 0 || f.maxUDPSessions <= 0 || f.handshakeTimeout <= 0:
-		return errors.New("--max-inflight, --max-inflight-per-client, --max-udp-sessions and --handshake-timeout must be positive")
+	case f.maxInFlight <= 0 || f.maxInFlightClient < 0 || f.maxUDPSessions <= 0 || f.handshakeTimeout <= 0:
+		return errors.New("--max-inflight, --max-udp-sessions and --handshake-timeout must be positive, --max-inflight-per-client not negative")
 	}
 	via, err := f.dialVia()
 	if err != nil {

@@ -79,6 +79,18 @@ func openTUN(c tunConfig, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice,
 	if err != nil {
 		return nil, tunHint(name, existing == nil, err)
 	}
+	// The check above and the open are two steps: two runs starting at
+	// once (or creating the device at once) could both pass it and share
+	// the device. Counted again now, the queues must be ours alone; each
+	// racer sees the other's and refuses.
+	if multiQueue {
+		if l, err := netlink.LinkByName(name); err == nil {
+			if t, ok := l.(*netlink.Tuntap); ok && t.Queues > queues {
+				_ = d.link.Close()
+				return nil, tunHint(name, false, fmt.Errorf("%d queue(s) attached besides our %d: %w", t.Queues-queues, queues, unix.EBUSY))
+			}
+		}
+	}
 	if d.link.OffloadRefused != nil {
 		logger.Warn("the TUN refused virtio-net headers or TCP offloads; every packet is cut to the MTU", zap.String("device", name), zap.Error(d.link.OffloadRefused))
 	}

@@ -463,7 +463,11 @@ func TestBinarySetupUnprivileged(t *testing.T) {
 	if got, err := b.fetchName("10.96.0.10:80"); err != nil || got != "a" {
 		t.Fatalf("TCP service as %s: %q, %v", name, got, err)
 	}
-	if want := fmt.Sprintf(`"queues":%d`, runtime.NumCPU()); !strings.Contains(p.output(), want) {
+	queues := runtime.NumCPU()
+	if portableTUN {
+		queues = 1 // water opens one, of the multi-queue device too
+	}
+	if want := fmt.Sprintf(`"queues":%d`, queues); !strings.Contains(p.output(), want) {
 		t.Errorf("run did not open a queue per CPU of setup's device (%s):\n%s", want, p.output())
 	}
 	if err := p.stop(t); err != nil {

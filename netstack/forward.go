@@ -90,8 +90,7 @@ func (r *TCPRequest) Accept() (*TCPConn, error) {
 		r.st.mu.Lock()
 		pd := r.st.inFlight[r.id]
 		aborted := pd != nil && pd.aborted
-		if pd != nil && !pd.handshaking {
-			pd.handshaking = true
+		if pd != nil && pd.elem == nil {
 			pd.since = time.Now()
 			pd.elem = r.st.handshakes.PushBack(r.id)
 		}
@@ -284,14 +283,15 @@ func (st *Stack) release(id stack.TransportEndpointID) {
 
 // pending is an in-flight handshake: what it takes to abort it.
 type pending struct {
-	since       time.Time
-	handshaking bool          // Accept sent the SYN-ACK: only the client's ACK is missing
-	elem        *list.Element // its place in Stack.handshakes, once handshaking
-	aborted     bool          // timed out or evicted: Accept refuses it
-	rcvNxt      uint32        // the client's sequence number after its SYN
-	nic         tcpip.NICID
-	proto       tcpip.NetworkProtocolNumber
-	timer       *time.Timer
+	since time.Time
+	// elem is its place in Stack.handshakes once Accept sent the SYN-ACK
+	// (only the client's ACK is missing); nil while the endpoint is dialled.
+	elem    *list.Element
+	aborted bool   // timed out or evicted: Accept refuses it
+	rcvNxt  uint32 // the client's sequence number after its SYN
+	nic     tcpip.NICID
+	proto   tcpip.NetworkProtocolNumber
+	timer   *time.Timer
 }
 
 // evictAge is how long a handshake must have waited for its client's ACK
@@ -333,7 +333,7 @@ func (st *Stack) abortHandshake(id stack.TransportEndpointID) {
 	pd := st.inFlight[id]
 	var dialling, again bool
 	if pd != nil {
-		dialling, again = !pd.handshaking, pd.aborted
+		dialling, again = pd.elem == nil, pd.aborted
 		pd.aborted = true
 	}
 	st.mu.Unlock()

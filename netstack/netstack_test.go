@@ -721,3 +721,74 @@ func TestLargeSegmentReachesTheFlow(t *testing.T) {
 		t.Fatal("the flow did not read the segment")
 	}
 }
+
+// A table full of handshakes whose clients never ACK (a SYN flood) makes
+// room for a new client by aborting the one that has waited longest, at
+// least evictAge, as the kernel prunes its SYN queue (forward.go,
+// oldestHandshake): the first client's Accept fails, the second's stays,
+// and the new client's retransmitted SYN is answered.
+func TestFullTableEvictsOldestHandshake(t *testing.T) {
+	ct, err := conntrack.NewTable(conntrack.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := NewMemoryLink(0, 64)
+	st, err := New(Options{Link: &link.Link, Conntrack: ct, Admit: accept, HandshakeTimeout: 30 * time.Second,
+		MaxInFlight: 2, MaxInFlightPerClient: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	type result struct {
+		client netip.AddrPort
+		err    error
+	}
+	results := make(chan result, 3)
+	st.SetFlowHandler(handlerFunc(func(r *TCPRequest) {
+		c, err := r.Accept()
+		if c != nil {
+			c.Close()
+		}
+		results <- result{r.Client(), err}
+	}))
+	synAckTo := func(c netip.AddrPort) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for {
+			pkt := link.Read(ctx)
+			if pkt == nil {
+				t.Fatalf("no SYN-ACK to %s", c)
+			}
+			tcp := header.TCP(pkt[header.IPv4(pkt).HeaderLength():])
+			if tcp.Flags() == header.TCPFlagSyn|header.TCPFlagAck && tcp.DestinationPort() == c.Port() {
+				return
+			}
+		}
+	}
+	first := netip.MustParseAddrPort("192.0.2.7:40001")
+	second := netip.MustParseAddrPort("192.0.2.8:40002")
+	third := netip.MustParseAddrPort("192.0.2.9:40003")
+	link.Inject(tcpPacket(first, service, header.TCPFlagSyn, 1000, 0))
+	synAckTo(first)
+	link.Inject(tcpPacket(second, service, header.TCPFlagSyn, 2000, 0))
+	synAckTo(second)
+	time.Sleep(evictAge + 100*time.Millisecond)
+	link.Inject(tcpPacket(third, service, header.TCPFlagSyn, 3000, 0)) // dropped, and the oldest aborted
+	select {
+	case r := <-results:
+		if r.client != first || r.err == nil {
+			t.Fatalf("%s's Accept ended (%v); want the first client's to fail", r.client, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no handshake was aborted to make room")
+	}
+	waitUntil(t, func() bool { return st.Stats().TCPInFlight == 1 })
+	link.Inject(tcpPacket(third, service, header.TCPFlagSyn, 3000, 0)) // the retransmission
+	synAckTo(third)
+	select {
+	case r := <-results:
+		t.Fatalf("%s's Accept ended too (%v)", r.client, r.err)
+	default:
+	}
+}

@@ -322,6 +322,9 @@ func (e *tunEndpoint) queueOf(h uint32) tunQueue { return e.queues[h%uint32(len(
 // headers, or for a packet whose headers are not parsed out (the gate's own
 // packets, built as payload), by the packet's first view.
 func (e *tunEndpoint) packetBufferQueue(pkt *stack.PacketBuffer) tunQueue {
+	if len(e.queues) == 1 {
+		return e.queues[0]
+	}
 	if nh := pkt.NetworkHeader().Slice(); len(nh) > 0 {
 		return e.queueOf(flowHash(nh, pkt.TransportHeader().Slice()))
 	}
@@ -346,10 +349,7 @@ func (e *tunEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Erro
 	var hdr [vnetHdrLen]byte
 	n := 0
 	for _, pkt := range pkts.AsSlice() {
-		q := e.queues[0]
-		if len(e.queues) > 1 {
-			q = e.packetBufferQueue(pkt)
-		}
+		q := e.packetBufferQueue(pkt)
 		h := hdr[:0]
 		if e.vnet {
 			e.header(&hdr, pkt)

@@ -170,13 +170,13 @@ func (h *harness) setUp() error {
 	for i := range addrs {
 		addrs[i] = endpointAddr(i)
 	}
-	if h.backends, err = startProc("backends", "ip", h.pinned(h.o.backendCPUs(), "netns", "exec", h.topo.b, h.self, "serve", "-addrs", strings.Join(addrs, ","))...); err != nil {
+	if h.backends, err = startProc("backends", "ip", pinned(h.o.backendCPUs(), "netns", "exec", h.topo.b, h.self, "serve", "-addrs", strings.Join(addrs, ","))...); err != nil {
 		return err
 	}
 	if l, err := h.backends.line(10 * time.Second); err != nil || l != "ready" {
 		return fmt.Errorf("backends did not start: %q %v", l, err)
 	}
-	if h.iperf, err = startProc("iperf3 server", "ip", h.pinned(h.o.backendCPUs(), "netns", "exec", h.topo.b, "iperf3", "-s", "-B", endpointAddr(0), "-p", "5201", "--logfile", filepath.Join(h.dir, "iperf3.log"))...); err != nil {
+	if h.iperf, err = startProc("iperf3 server", "ip", pinned(h.o.backendCPUs(), "netns", "exec", h.topo.b, "iperf3", "-s", "-B", endpointAddr(0), "-p", "5201", "--logfile", filepath.Join(h.dir, "iperf3.log"))...); err != nil {
 		return err
 	}
 	h.cfg = filepath.Join(h.dir, "services.yaml")
@@ -271,7 +271,7 @@ func (o options) backendCPUs() string {
 
 // pinned puts taskset -c cpus before the command after "netns exec NS"
 // in args (an ip(8) argument list), when cpus is set.
-func (h *harness) pinned(cpus string, args ...string) []string {
+func pinned(cpus string, args ...string) []string {
 	if cpus == "" || len(args) < 4 {
 		return args
 	}

@@ -16,7 +16,8 @@ import (
 // byte stream, that every byte sent to the client is the endpoint's at its
 // sequence number and never one already acknowledged, that no segment
 // carries more than the MSS allows, and that the kept segments and the
-// sent log stay bounded and consistent.
+// sent log stay bounded and consistent; and that the timer, left alone,
+// never fires for nothing.
 func FuzzFlow(f *testing.F) {
 	mss := func(v uint16) []byte { return []byte{2, 4, byte(v >> 8), byte(v)} }
 	f.Add(append(mss(536), 3, 3, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0), false, []byte{0, 0, 0, 0, 100, 0, 2, 0, 0, 0, 50, 0, 1, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0})
@@ -136,6 +137,23 @@ func FuzzFlow(f *testing.F) {
 				h.f.Input(Segment{seq: h.seq, ack: ack, flags: flags, wnd: uint16(b), ws: -1})
 			}
 			check()
+		}
+		// Then the timers alone, as the owner arms them, with no client:
+		// they never fire for nothing (64 firings in a row span the RTO's
+		// floor at least: a timer that fires every millisecond while
+		// sending nothing is a flow that never ends).
+		var clock time.Duration
+		for range 64 {
+			st := h.f.State()
+			if st.Closed || !st.RTO {
+				return
+			}
+			h.now, clock = h.now.Add(st.RTODelay), clock+st.RTODelay
+			h.f.OnRTO()
+			check()
+		}
+		if clock < rtoMin {
+			t.Fatalf("64 firings of the timer in %v", clock)
 		}
 	})
 }

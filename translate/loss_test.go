@@ -442,3 +442,79 @@ func TestFlowLostRetransmissionQuiet(t *testing.T) {
 		t.Fatalf("after %d copies the timer is %v; want the RTO", maxHeadResends, d)
 	}
 }
+
+// TestFlowFINLostInRecovery: CI's reordering profile caught a download
+// whose FIN never came: a recovery ran when the FIN went, the client got
+// every byte but dropped the FIN (it came after a later copy of the data
+// before it, and PAWS refused its older timestamp), and acknowledged the
+// data only. The timer then fired every millisecond for a minute without
+// sending anything (the hole at sndUna was the FIN, which resendLost did
+// not send). The FIN must go again, soon, and the flow end once it is
+// acknowledged.
+func TestFlowFINLostInRecovery(t *testing.T) {
+	h := newHarnessLink(t, Segment{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
+	h.established(65535)
+	h.sock.queue, h.sock.eof = bytes.Repeat([]byte("x"), 900), true
+	h.f.Readable()
+	out := h.take()
+	if len(out) != 10 || out[9].flags&tcpFIN == 0 || out[9].seq != testISS+1+900 {
+		t.Fatalf("first flight: %d segments, the last %+v; want 9 and the FIN", len(out), out[len(out)-1])
+	}
+	h.now = h.now.Add(time.Millisecond)
+	h.sackAck(100, 65535, [2]uint32{200, 900}) // recovery: the hole at 100 sent again
+	h.take()
+	h.now = h.now.Add(time.Millisecond)
+	h.sackAck(900, 65535) // every byte, not the FIN
+	if !h.f.inRecovery {
+		t.Fatal("the ACK of the data alone ended the recovery, which the FIN is part of")
+	}
+	fires, waited := 0, time.Duration(0)
+	for ; fires < 20; fires++ {
+		d := h.f.rtoDelay()
+		h.now, waited = h.now.Add(d), waited+d
+		h.f.OnRTO()
+		if out := h.take(); len(out) > 0 {
+			if len(out) != 1 || out[0].flags&tcpFIN == 0 || out[0].seq != testISS+1+900 || len(out[0].payload) != 0 {
+				t.Fatalf("after %v: %+v; want the FIN again", waited, out)
+			}
+			break
+		}
+	}
+	if fires == 20 || waited >= rtoMin {
+		t.Fatalf("the FIN went again after %d firings and %v; want it before the RTO (%v)", fires+1, waited, rtoMin)
+	}
+	h.sackAck(901, 65535)
+	h.segment(tcpFIN, testISS+1+901, 65535, "")
+	if !h.f.Ended() {
+		t.Fatal("the flow did not end with both FINs acknowledged")
+	}
+}
+
+// TestFlowTimerNeverSpins: a client's SACK block may name the byte at
+// sndUna, which the cumulative ACK says is missing (RFC 2018 allows no
+// such block; a hostile client sends it). The hole cannot be sent again
+// by resendLost then; the timer must back off to the RTO instead of firing
+// every millisecond while sending nothing, for as long as the client
+// cares to keep the flow.
+func TestFlowTimerNeverSpins(t *testing.T) {
+	h := newHarnessLink(t, Segment{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
+	h.established(65535)
+	h.sock.queue = bytes.Repeat([]byte("x"), 1000)
+	h.f.Readable()
+	h.take()
+	h.now = h.now.Add(time.Millisecond)
+	h.sackAck(100, 65535, [2]uint32{200, 1000}) // recovery
+	h.take()
+	h.sackAck(100, 65535, [2]uint32{100, 1000}) // sndUna "SACKed"
+	var clock time.Duration
+	for range 64 {
+		d := h.f.rtoDelay()
+		h.now, clock = h.now.Add(d), clock+d
+		if !h.f.OnRTO() {
+			break
+		}
+	}
+	if clock < rtoMin {
+		t.Fatalf("64 firings of the timer in %v: it spins", clock)
+	}
+}

@@ -405,10 +405,20 @@ func (f *Flow) resend(start uint32, n int) bool {
 // keep coming: its retransmission was lost too. Without it, every lost
 // retransmission cost an RTO; RACK (RFC 8985 6.2) detects it by send
 // times, which the flow does not keep, so the wait is two round trips from
-// the last send of that segment, at least 2 ms.
+// the last send of that segment, at least 2 ms. When all that is missing
+// is our FIN, the FIN goes again (a client drops one that comes after a
+// later copy of the data before it, as RFC 7323 5's PAWS check does). A
+// hole it cannot send (the client SACKed sndUna itself, the socket failed
+// the peek) is left to the RTO: the timer never fires for nothing.
 func (f *Flow) resendLost() {
 	now := f.now()
 	if !f.headProbing() || now.Sub(f.headAt) < f.lostWait() {
+		return
+	}
+	f.headAt = now
+	f.headResends++
+	if f.finSeen && f.sndUna == f.sndMax-1 {
+		f.resendFIN()
 		return
 	}
 	end := f.sndMax
@@ -417,16 +427,25 @@ func (f *Flow) resendLost() {
 	}
 	from, limit := f.score.skip(f.sndUna)
 	if from != f.sndUna || int32(end-f.sndUna) <= 0 {
+		f.headResends = maxHeadResends
 		return
 	}
 	n := min(int(end-f.sndUna), f.sendMSS)
 	if limit > 0 {
 		n = min(n, limit)
 	}
-	if f.resend(f.sndUna, n) {
-		f.headAt = now
-		f.headResends++
+	if !f.resend(f.sndUna, n) {
+		f.headResends = maxHeadResends
 	}
+}
+
+// resendFIN sends our FIN again, at its own sequence number, out of the
+// way of sndNxt.
+func (f *Flow) resendFIN() {
+	next := f.sndNxt
+	f.sndNxt = f.sndMax - 1
+	f.send(tcpFIN)
+	f.sndNxt = next
 }
 
 // lostWait is how long a hole sent again may stay open before resendLost

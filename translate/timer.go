@@ -137,7 +137,7 @@ func (f *Flow) tailLossProbe() {
 	f.tlpDue = false
 	end := f.sndMax
 	if f.finSeen {
-		end-- // the FIN: left to the RTO
+		end-- // the FIN: sent again alone, below
 	}
 	if before := f.sndMax; f.sndNxt == f.sndMax {
 		f.pump()
@@ -146,7 +146,14 @@ func (f *Flow) tailLossProbe() {
 			return
 		}
 	}
-	if int32(end-f.sndUna) <= 0 || f.sndNxt != f.sndMax {
+	if f.sndNxt != f.sndMax {
+		return
+	}
+	if int32(end-f.sndUna) <= 0 {
+		if f.finSeen {
+			f.resendFIN() // only the FIN is in flight: it is the probe (Linux's tcp_send_loss_probe sends the last skb, FIN and all)
+			f.tlpProbing, f.tlpEnd = true, f.sndMax
+		}
 		return
 	}
 	n := min(int(end-f.sndUna), f.sendMSS)

@@ -164,17 +164,42 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if c.caPEM, c.token, err = writePKI(cfg.Dir); err != nil {
 		return nil, fmt.Errorf("kubeapi: certificates: %w", err)
 	}
-	ports, err := freePorts(3)
-	if err != nil {
-		return nil, fmt.Errorf("kubeapi: %w", err)
+	// The ports were free a moment before the process binds them; another
+	// process (a test's own listener, a client's ephemeral port) may take
+	// one meanwhile. A process that exits on a taken port is started
+	// again on fresh ones, a few times.
+	for attempt := 1; ; attempt++ {
+		ports, err := freePorts(2)
+		if err != nil {
+			return nil, fmt.Errorf("kubeapi: %w", err)
+		}
+		c.ports.etcd, c.ports.peer = ports[0], ports[1]
+		// etcd binds before it writes its data directory; a failed start
+		// leaves nothing that names the old ports, but clear it anyway.
+		_ = os.RemoveAll(filepath.Join(cfg.Dir, "etcd"))
+		err = c.StartEtcd(ctx)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errPortTaken) || attempt == portAttempts {
+			return nil, err
+		}
 	}
-	c.ports.etcd, c.ports.peer, c.ports.api = ports[0], ports[1], ports[2]
-	if err := c.StartEtcd(ctx); err != nil {
-		return nil, err
-	}
-	if err := c.StartAPIServer(ctx); err != nil {
-		c.Stop()
-		return nil, err
+	for attempt := 1; ; attempt++ {
+		ports, err := freePorts(1)
+		if err != nil {
+			c.Stop()
+			return nil, fmt.Errorf("kubeapi: %w", err)
+		}
+		c.ports.api = ports[0]
+		err = c.StartAPIServer(ctx)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errPortTaken) || attempt == portAttempts {
+			c.Stop()
+			return nil, err
+		}
 	}
 	if err := c.WriteKubeconfig(c.Kubeconfig(), c.token); err != nil {
 		c.Stop()
@@ -182,6 +207,13 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	return c, nil
 }
+
+// portAttempts bounds Start's tries with fresh ports.
+const portAttempts = 4
+
+// errPortTaken is a process's exit because a port it was to listen on was
+// taken (its log says "address already in use").
+var errPortTaken = errors.New("a port was taken")
 
 // freePorts returns n distinct TCP ports free on 127.0.0.1 a moment ago.
 func freePorts(n int) ([]int, error) {
@@ -405,7 +437,11 @@ func (c *Cluster) waitReady(ctx context.Context, ch *child, check func() error) 
 		}
 		select {
 		case <-ch.done:
-			return fmt.Errorf("kubeapi: %s exited before it was ready (%v); its log ends:\n%s", ch.name, ch.err, c.LogTail(ch.name, 30))
+			tail := c.LogTail(ch.name, 30)
+			if run := tail[strings.LastIndex(tail, "=== ")+1:]; strings.Contains(run, "address already in use") { // this run's lines only
+				return fmt.Errorf("kubeapi: %s exited before it was ready (%v): %w; its log ends:\n%s", ch.name, ch.err, errPortTaken, tail)
+			}
+			return fmt.Errorf("kubeapi: %s exited before it was ready (%v); its log ends:\n%s", ch.name, ch.err, tail)
 		case <-ctx.Done():
 			return fmt.Errorf("kubeapi: waiting for %s: %w", ch.name, ctx.Err())
 		case <-deadline.C:

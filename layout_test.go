@@ -27,7 +27,10 @@ var allowedInternal = map[string][]string{
 	"netstack":  {"conntrack", "internal", "translate"},
 	// translate is the translated flows' TCP: plain Go over an endpoint
 	// socket interface, no gVisor, nothing of ours.
-	"translate":   {},
+	"translate": {},
+	// handover moves descriptors and a snapshot to the next process; the
+	// snapshot's sections are its callers' to encode.
+	"handover":    {},
 	"source":      {"service", "source"},
 	"proxy":       {"netstack", "service", "balancer", "conntrack", "proxy", "internal"},
 	"clusterdns":  {"service", "clusterdns"},

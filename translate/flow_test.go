@@ -68,6 +68,7 @@ func (s *fakeSocket) Writable() bool { return s.room != 0 }
 // what the flow emitted.
 type harness struct {
 	t    *testing.T
+	cfg  Config
 	sock *fakeSocket
 	f    *Flow
 	out  []Segment
@@ -98,6 +99,7 @@ func newHarnessLink(t *testing.T, syn Segment, linkMSS uint16, gso bool) *harnes
 	if gso {
 		cfg.EmitPartial = h.emitPartial
 	}
+	h.cfg = cfg
 	h.f = New(cfg, syn)
 	h.f.Start()
 	return h

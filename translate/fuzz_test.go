@@ -11,13 +11,15 @@ import (
 // option bytes are parsed as the gate parses them), over a link with or
 // without offloads, then any sequence of client segments (in order or not,
 // overlapping, past the window, with FINs and RSTs), endpoint bytes and
-// EOFs, a socket that fills and drains, and timers. It checks that the flow
+// EOFs, a socket that fills and drains, timers, and handovers (the flow
+// exported and restored around its socket). It checks that the flow
 // never panics, that the socket only ever gets a prefix of the client's
 // byte stream, that every byte sent to the client is the endpoint's at its
 // sequence number and never one already acknowledged, that no segment
 // carries more than the MSS allows, and that the kept segments and the
 // sent log stay bounded and consistent; and that the timer, left alone,
-// never fires for nothing.
+// never fires for nothing; and that every state a flow reaches is one
+// Restore accepts.
 func FuzzFlow(f *testing.F) {
 	mss := func(v uint16) []byte { return []byte{2, 4, byte(v >> 8), byte(v)} }
 	f.Add(append(mss(536), 3, 3, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0), false, []byte{0, 0, 0, 0, 100, 0, 2, 0, 0, 0, 50, 0, 1, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0})
@@ -94,7 +96,7 @@ func FuzzFlow(f *testing.F) {
 			if c&0x80 != 0 {
 				ack = uint32(a) * 65537 // anywhere
 			}
-			switch op % 7 {
+			switch op % 8 {
 			case 0: // client data at an offset of its stream
 				off, n := a%6000, b%1500
 				var flags byte
@@ -135,6 +137,17 @@ func FuzzFlow(f *testing.F) {
 					flags = tcpSYN
 				}
 				h.f.Input(Segment{seq: h.seq, ack: ack, flags: flags, wnd: uint16(b), ws: -1})
+			case 7: // a handover: the flow moves to a new process, around the same socket
+				m, err := h.f.Export()
+				if err != nil {
+					break // not movable: a handshake, or ended
+				}
+				f, err := Restore(h.cfg, m)
+				if err != nil {
+					t.Fatalf("a flow's own state refused: %v (%+v)", err, m)
+				}
+				h.f = f
+				h.f.Resume()
 			}
 			check()
 		}

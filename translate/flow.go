@@ -73,6 +73,9 @@ type Flow struct {
 
 	state   flowState
 	orderly bool // closed by both FINs, not by a reset
+	// detached: the flow was handed to the next process (Detach): every
+	// entry point does nothing, until Reattach if the handover failed.
+	detached bool
 
 	// Receive (client -> endpoint).
 	irs      uint32
@@ -305,6 +308,9 @@ func (f *Flow) tsNow() uint32 {
 func (f *Flow) Input(s Segment) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.detached {
+		return true
+	}
 	if f.state == stateClosed {
 		// RFC 9293 3.10.7.4, TIME-WAIT: a retransmission of the client's
 		// FIN, whose ACK was lost, is acknowledged again.
@@ -424,6 +430,9 @@ func (f *Flow) maybeDone() {
 func (f *Flow) Abort() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.detached {
+		return // the next process's now: not ours to reset
+	}
 	f.close(true)
 }
 
@@ -441,10 +450,12 @@ func (f *Flow) Ended() bool {
 // FlushAck when they fire).
 type State struct {
 	Closed, SynRcvd, SockFull bool
-	RTO                       bool
-	RTODelay                  time.Duration
-	Ack                       bool
-	AckDelay                  time.Duration
+	// Detached: handed to the next process; nothing to arm or wait for.
+	Detached bool
+	RTO      bool
+	RTODelay time.Duration
+	Ack      bool
+	AckDelay time.Duration
 }
 
 // State returns the flow's state.
@@ -452,6 +463,9 @@ func (f *Flow) State() State {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	closed := f.state == stateClosed
+	if f.detached {
+		return State{Detached: true}
+	}
 	return State{
 		Closed: closed, SynRcvd: f.state == stateSynRcvd, SockFull: f.sockFull && !closed,
 		RTO: f.rtoArmed, RTODelay: f.rtoDelay(),

@@ -138,9 +138,18 @@ func FuzzFlow(f *testing.F) {
 				}
 				h.f.Input(Segment{seq: h.seq, ack: ack, flags: flags, wnd: uint16(b), ws: -1})
 			case 7: // a handover: the flow moves to a new process, around the same socket
-				m, err := h.f.Export()
+				old := h.f
+				m, err := old.Detach()
 				if err != nil {
 					break // not movable: a handshake, or ended
+				}
+				check()
+				old.Readable() // the old process's last calls: nothing goes out
+				old.OnRTO()
+				old.Writable()
+				old.Abort()
+				if out := h.take(); len(out) > 0 || h.sock.aborted {
+					t.Fatalf("a detached flow sent %d segments (socket aborted: %v)", len(out), h.sock.aborted)
 				}
 				f, err := Restore(h.cfg, m)
 				if err != nil {

@@ -7,7 +7,9 @@ package translate
 // What moves: the sequence space both ways, the windows and their scales,
 // the options agreed in the handshake, the timestamps' clock (the new
 // process's values go on from the old's), the congestion window, the
-// round-trip estimates and what RACK learned of reordering. What does not:
+// round-trip estimates and what RACK learned of reordering; a handshake
+// whose SYN-ACK is out moves too (the new process sends it again if the
+// client's ACK does not come). What does not:
 // segments kept past a gap (the client sends them again: its SACK blocks
 // say it holds them, not we), a held ACK (sent at once instead), a
 // recovery under way and its timers. Restore takes every byte in flight
@@ -22,6 +24,9 @@ import (
 
 // Moved is a flow's state for the next process.
 type Moved struct {
+	// SynRcvd: the handshake is not complete (our SYN-ACK is out); the
+	// new process sends it again if the client's ACK does not come.
+	SynRcvd bool
 	// Receive: the client's stream.
 	IRS, RcvNxt, RcvAdv uint32
 	RcvWnd              uint32 // the window offered while the socket takes everything
@@ -50,22 +55,47 @@ type Moved struct {
 	ReoMult          uint8
 }
 
-// ErrNotMovable is a flow whose state does not move: its handshake is not
-// complete (a new process cannot answer for a SYN-ACK it did not send), or
-// it has ended.
+// ErrNotMovable is a flow whose state does not move: it has ended, or it
+// is detached already.
 var ErrNotMovable = errors.New("translate: flow not movable")
 
-// Export returns the flow's state; the flow itself is left as it was (if
-// the handover fails, it goes on).
+// Export returns the flow's state; the flow itself is left as it was.
 func (f *Flow) Export() (Moved, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.state != stateEstablished {
+	return f.export()
+}
+
+// Detach exports the flow and stops it in the same step: from here on
+// every entry point does nothing (no segment out, no byte written to or
+// dropped from the socket, Abort included), so that the state exported is
+// the state the socket's queues match when the next process restores it.
+// Reattach undoes it when the handover fails.
+func (f *Flow) Detach() (Moved, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m, err := f.export()
+	if err == nil {
+		f.detached = true
+	}
+	return m, err
+}
+
+// Reattach starts a detached flow again where it stopped.
+func (f *Flow) Reattach() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.detached = false
+}
+
+func (f *Flow) export() (Moved, error) {
+	if f.state == stateClosed || f.detached {
 		return Moved{}, ErrNotMovable
 	}
 	c := f.cc.(*reno)
 	return Moved{
-		IRS: f.irs, RcvNxt: f.rcvNxt, RcvAdv: f.rcvAdv, RcvWnd: f.rcvWnd, RcvShift: f.rcvShift, FinIn: f.finIn, SockFull: f.sockFull,
+		SynRcvd: f.state == stateSynRcvd,
+		IRS:     f.irs, RcvNxt: f.rcvNxt, RcvAdv: f.rcvAdv, RcvWnd: f.rcvWnd, RcvShift: f.rcvShift, FinIn: f.finIn, SockFull: f.sockFull,
 		ISS: f.iss, SndUna: f.sndUna, SndNxt: f.sndNxt, SndMax: f.sndMax, SndWnd: f.sndWnd, MaxSndWnd: f.maxSndWnd,
 		Recover: f.recover, SndWl1: f.sndWl1, SndWl2: f.sndWl2, SndShift: f.sndShift, PeerWS: int8(f.peerWS),
 		AdvMSS: uint16(f.advMSS), MSS: uint16(f.mss), FinSent: f.finSent, FinSeen: f.finSeen, DupThresh: uint16(f.dupThresh),
@@ -98,7 +128,9 @@ func (m *Moved) check() error {
 		return bad("offering a window of %d", m.RcvWnd)
 	case !seqLE(m.SndUna, m.SndNxt) || !seqLE(m.SndNxt, m.SndMax) || m.SndMax-m.SndUna > 1<<30:
 		return bad("with una %d, nxt %d, max %d", m.SndUna, m.SndNxt, m.SndMax)
-	case !seqLE(m.ISS+1, m.SndUna):
+	case m.SynRcvd && (m.SndUna != m.ISS || m.SndNxt != m.ISS+1 || m.SndMax != m.ISS+1 || m.RcvNxt != m.IRS+1 || m.FinIn || m.FinSeen):
+		return bad("in its handshake with una %d, nxt %d, max %d, iss %d", m.SndUna, m.SndNxt, m.SndMax, m.ISS)
+	case !m.SynRcvd && !seqLE(m.ISS+1, m.SndUna):
 		return bad("acknowledged below its ISS")
 	case m.FinSent && (!m.FinSeen || m.SndNxt != m.SndMax):
 		return bad("with its FIN sent below sndMax")
@@ -130,8 +162,8 @@ func Restore(cfg Config, m Moved) (*Flow, error) {
 	now := cfg.Now()
 	f := &Flow{
 		sock: cfg.Sock, w: cfg.Writer, emit: cfg.Emit, emitPartial: cfg.EmitPartial, gso: cfg.EmitPartial != nil, held: cfg.Held, bytes: cfg.Bytes, now: cfg.Now,
-		state: stateEstablished,
-		irs:   m.IRS, rcvNxt: m.RcvNxt, rcvAdv: m.RcvAdv, rcvWnd: m.RcvWnd, rcvShift: m.RcvShift, finIn: m.FinIn, sockFull: m.SockFull,
+		state: stateEstablished, hsDeadline: cfg.HSDeadline, hsAborted: cfg.HSAborted,
+		irs: m.IRS, rcvNxt: m.RcvNxt, rcvAdv: m.RcvAdv, rcvWnd: m.RcvWnd, rcvShift: m.RcvShift, finIn: m.FinIn, sockFull: m.SockFull,
 		iss: m.ISS, sndUna: m.SndUna, sndNxt: m.SndNxt, sndMax: m.SndMax, sndWnd: m.SndWnd, maxSndWnd: m.MaxSndWnd,
 		recover: m.Recover, sndWl1: m.SndWl1, sndWl2: m.SndWl2, sndShift: m.SndShift, peerWS: int(m.PeerWS),
 		advMSS: int(m.AdvMSS), mss: int(m.MSS), finSent: m.FinSent, finSeen: m.FinSeen, dupThresh: int(m.DupThresh),
@@ -140,6 +172,10 @@ func Restore(cfg Config, m Moved) (*Flow, error) {
 		progress: now,
 	}
 	f.kept.budget = cfg.KeptBudget
+	if m.SynRcvd {
+		f.state = stateSynRcvd
+		f.rtoArmed = true // the SYN-ACK's timer: sent again if the ACK does not come
+	}
 	if cfg.LinkMSS > 0 {
 		f.mss = max(min(f.mss, int(cfg.LinkMSS)), minMSS) // a new process's link may carry less
 	}
@@ -157,11 +193,15 @@ func Restore(cfg Config, m Moved) (*Flow, error) {
 	if f.finSeen {
 		dataEnd--
 	}
+	if m.SynRcvd {
+		f.log = newSentLog(f.iss + 1)
+		return f, nil // the peek offset is 0, as the dial left it
+	}
 	f.log = newSentLog(f.sndUna)
 	if f.sackOK && int32(dataEnd-f.sndUna) > 0 {
 		f.log.sent(f.sndUna, dataEnd, 0, f.sendMSS)
 	}
-	if f.sndUna != f.sndMax {
+	if f.sndUna != f.sndMax && !m.SynRcvd {
 		f.rtoArmed, f.tlpDue = true, f.sackOK
 	}
 	peek := f.sndNxt
@@ -180,8 +220,8 @@ func Restore(cfg Config, m Moved) (*Flow, error) {
 func (f *Flow) Resume() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.state == stateClosed {
-		return
+	if f.state != stateEstablished || f.detached {
+		return // a handshake's: the client's ACK, or the SYN-ACK's timer
 	}
 	f.sendAck()
 	f.pump()

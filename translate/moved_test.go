@@ -118,11 +118,32 @@ func TestFlowMoved(t *testing.T) {
 	}
 }
 
-// TestFlowNotMovable: a handshake not complete does not move.
-func TestFlowNotMovable(t *testing.T) {
-	h := newHarness(t, Segment{mss: 1460, ws: 7, wnd: 512})
+// TestFlowMovedInHandshake: a flow whose SYN-ACK is out moves too: the
+// new process sends the same SYN-ACK again if the client's ACK does not
+// come, and the ACK completes the handshake there; an ended flow does not
+// move.
+func TestFlowMovedInHandshake(t *testing.T) {
+	h := newHarness(t, Segment{mss: 1460, ws: 7, ts: true, tsVal: 1, sackOK: true, wnd: 512})
+	synAck := h.take()
+	h.moveFlow(0)
+	if !h.f.State().SynRcvd {
+		t.Fatal("restored out of its handshake")
+	}
+	h.now = h.now.Add(h.f.rtoDelay())
+	h.f.OnRTO()
+	again := h.take()
+	if len(again) != 1 || again[0].flags != tcpSYN|tcpACK || again[0].seq != synAck[0].seq || again[0].ack != synAck[0].ack {
+		t.Fatalf("the SYN-ACK's timer in the new process sent %+v; want the SYN-ACK again", again)
+	}
+	h.sock.queue = []byte("hello")
+	h.segment(0, testISS+1, 512, "")
+	h.f.Readable()
+	if got := payloads(h.take()); len(got) != 1 || got[0] != [2]uint32{0, 5} {
+		t.Fatalf("after the client's ACK: %v", got)
+	}
+	h.f.Abort()
 	if _, err := h.f.Export(); err == nil {
-		t.Fatal("a flow in SYN-RCVD exported")
+		t.Fatal("an ended flow exported")
 	}
 }
 
@@ -158,5 +179,41 @@ func TestRestoreRefuses(t *testing.T) {
 		if _, err := Restore(h.cfg, m); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v; want an error naming %q", c.name, err, c.want)
 		}
+	}
+}
+
+// TestFlowDetached: a detached flow (handed to the next process) does
+// nothing, whatever its old owner still calls: no segment out, no byte
+// written to or taken from the socket, no reset; once reattached (the
+// handover failed) it goes on.
+func TestFlowDetached(t *testing.T) {
+	h := newHarnessLink(t, Segment{mss: 100, ws: 7, sackOK: true, wnd: 65535}, 1460, false)
+	h.established(65535)
+	h.sock.queue = bytes.Repeat([]byte("x"), 300)
+	h.f.Readable()
+	h.take()
+	if _, err := h.f.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.f.Export(); err == nil {
+		t.Fatal("a detached flow exported twice")
+	}
+	h.sock.queue = append(h.sock.queue, "more"...)
+	h.segment(0, testISS+1+300, 65535, "client bytes")
+	h.f.Readable()
+	h.now = h.now.Add(time.Second)
+	h.f.OnRTO()
+	h.f.FlushAck()
+	h.f.Abort()
+	if out := h.take(); len(out) > 0 || len(h.sock.written) > 0 || len(h.sock.queue) != 304 || h.sock.aborted || h.f.Ended() {
+		t.Fatalf("detached: %d segments out, %d bytes written, %d queued, aborted %v", len(out), len(h.sock.written), len(h.sock.queue), h.sock.aborted)
+	}
+	if st := h.f.State(); st.RTO || st.Ack || st.Closed {
+		t.Fatalf("a detached flow asks for %+v", st)
+	}
+	h.f.Reattach()
+	h.f.Readable()
+	if got := payloads(h.take()); len(got) == 0 {
+		t.Fatal("reattached: nothing sent")
 	}
 }

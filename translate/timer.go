@@ -14,6 +14,9 @@ const AckDelay = time.Millisecond
 func (f *Flow) OnRTO() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.detached {
+		return true
+	}
 	if f.state == stateClosed || !f.rtoArmed {
 		return f.state != stateClosed
 	}
@@ -188,7 +191,7 @@ func (f *Flow) FlushAck() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
-	case f.state == stateClosed:
+	case f.state == stateClosed || f.detached:
 	case f.ackHeld:
 		f.ackHeld = false
 		f.countHeld(heldExpired)
@@ -205,6 +208,9 @@ func (f *Flow) FlushAck() {
 func (f *Flow) Readable() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.detached {
+		return
+	}
 	f.pump()
 }
 
@@ -215,7 +221,7 @@ func (f *Flow) Readable() {
 func (f *Flow) Writable() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.sockFull || f.state == stateClosed {
+	if !f.sockFull || f.state == stateClosed || f.detached {
 		return
 	}
 	f.sockFull = false

@@ -70,6 +70,9 @@ func (l *Link) Close() error {
 	return l.close()
 }
 
+// MTU returns the link's MTU.
+func (l *Link) MTU() uint32 { return l.ep.MTU() }
+
 // Name returns the device name, or a description for in-memory links.
 func (l *Link) Name() string { return l.name }
 

@@ -73,6 +73,7 @@ const xlHalfOpenAge = translate.RTOInit
 // xlEntry is a tuple's registration: a request until Accept, then a flow.
 type xlEntry struct {
 	flow atomic.Pointer[TranslatedFlow] // nil while the request waits
+	req  *TranslateRequest              // the request, set before the entry is stored
 }
 
 // TranslateRequest is a SYN the translator holds for the handler.
@@ -136,6 +137,8 @@ func (x *translator) syn(g *gate, t conntrack.Tuple, proto tcpip.NetworkProtocol
 		return true
 	}
 	e := &xlEntry{}
+	r := &TranslateRequest{x: x, g: g, tuple: t, syn: s, proto: proto, client: client, svc: svc, e: e, at: now}
+	e.req = r
 	if _, loaded := x.flows.LoadOrStore(t, e); loaded {
 		x.mu.Unlock()
 		return true // a retransmitted SYN of a request or flow we hold
@@ -147,8 +150,7 @@ func (x *translator) syn(g *gate, t conntrack.Tuple, proto tcpip.NetworkProtocol
 	if evicted != nil {
 		evicted.abortEvicted()
 	}
-	r := &TranslateRequest{x: x, g: g, tuple: t, syn: s, raw: append([]byte(nil), b...), proto: proto,
-		client: client, svc: svc, e: e, at: now}
+	r.raw = append([]byte(nil), b...)
 	x.st.handlers.Add(1)
 	go x.handle(h, r)
 	return true
@@ -283,6 +285,10 @@ type EndpointSocket = translate.EndpointSocket
 // ErrSocketEmpty is EndpointSocket.Peek's EAGAIN.
 var ErrSocketEmpty = translate.ErrSocketEmpty
 
+// MovedTCP is a translated flow's state on its way to the next process
+// (handover_linux.go).
+type MovedTCP = translate.Moved
+
 // TranslatedFlow is an accepted translated connection; its owner runs it.
 type TranslatedFlow struct {
 	f     *translate.Flow
@@ -297,10 +303,14 @@ type TranslatedFlow struct {
 	// takes bytes again; waiting says one wait is on.
 	waitWritable func(then func())
 	waiting      atomic.Bool
+	// attached holds, while the flow is detached (handed over, Detach),
+	// the channel Reattach closes; nil otherwise.
+	attached atomic.Pointer[chan struct{}]
 }
 
 // Accept answers the SYN with a SYN-ACK, with sock carrying the flow's
-// bytes (step 2). rcvWnd is the window to offer: the socket's send buffer.
+// bytes (step 2). It returns nil when the SYN was handed to the next
+// process meanwhile (HandOffHandshakes): the caller then closes sock. rcvWnd is the window to offer: the socket's send buffer.
 // wake ends the owner's wait for reads; waitWritable waits for the socket
 // to take bytes again, then calls its argument. bytes, if not nil, counts
 // the bytes moved: [client->endpoint (written to the socket),

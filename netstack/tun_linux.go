@@ -38,12 +38,21 @@ func OpenTUN(opts TUNOptions) (*Link, error) {
 	if err != nil {
 		return nil, err
 	}
-	ep := newTUNEndpoint(queues, opts.MTU, offloadErr == nil && !opts.NoOffload)
+	l := tunLink(newTUNEndpoint(queues, opts.MTU, offloadErr == nil && !opts.NoOffload), name)
+	if offloadErr != nil {
+		l.OffloadRefused = offloadErr
+	}
+	return l, nil
+}
+
+// tunLink is the Link of a TUN endpoint of device name; closing it closes
+// the queues.
+func tunLink(ep *tunEndpoint, name string) *Link {
 	closeAll := func() error {
 		ep.closed.Store(true)
 		ep.stopReaders()
 		var errs []error
-		for _, q := range queues {
+		for _, q := range ep.queues {
 			errs = append(errs, q.f.Close())
 		}
 		return errors.Join(errs...)
@@ -51,10 +60,7 @@ func OpenTUN(opts TUNOptions) (*Link, error) {
 	l := &Link{ep: ep, name: name, close: closeAll, unsupported: &ep.unsupported, reads: ep.reads,
 		stopReads: func() { ep.stopReaders(); ep.readers.Wait() }}
 	l.Offload = ep.vnet
-	if offloadErr != nil {
-		l.OffloadRefused = offloadErr
-	}
-	return l, nil
+	return l
 }
 
 // openTUNQueues opens opts.Queues queues of the device, closing them all if

@@ -86,6 +86,7 @@ type tunEndpoint struct {
 	onClose    func()
 
 	readers  sync.WaitGroup
+	paused   bool // the readers are stopped for a handover (under mu; handover_linux.go)
 	stopOnce sync.Once
 	closed   atomic.Bool // the descriptors are closed (or closing): no more writes
 }
@@ -169,6 +170,11 @@ func (e *tunEndpoint) Attach(d stack.NetworkDispatcher) {
 	}
 	if !first {
 		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.paused {
+		return // an adopted link: ResumeReads starts them (handover_linux.go)
 	}
 	for i, q := range e.queues {
 		e.readers.Add(1)

@@ -57,6 +57,9 @@ type flow struct {
 	// via is the way the flow went, when the policy could send flows more
 	// than one way (dialvia.go); "" otherwise.
 	via string
+	// mover, for a translated TCP flow, hands it to the next process
+	// (handover.go); nil for flows that cannot move.
+	mover mover
 
 	mu sync.Mutex
 	// end ends the flow: a RST to both peers (TCP), or both sockets closed

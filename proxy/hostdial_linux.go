@@ -576,3 +576,32 @@ func (s xlSocket) Abort() {
 	_ = s.c.SetLinger(0)
 	_ = unix.Shutdown(s.c.fd, unix.SHUT_RD)
 }
+
+// adoptHostConn makes a connection of an endpoint socket the previous
+// process handed over (package handover): file is in the runtime's poller
+// already, its descriptor non-blocking.
+func adoptHostConn(file *os.File, remote netip.AddrPort) (*hostConn, error) {
+	rc, err := file.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	c := &hostConn{remote: remote}
+	if err := rc.Control(func(fd uintptr) { c.fd = int(fd) }); err != nil {
+		return nil, err
+	}
+	c.once.Do(func() {
+		c.f, c.rc = file, rc
+		c.rd.fn, c.wr.fn = c.rd.read, c.wr.write
+	})
+	return c, nil
+}
+
+// adoptedSocket is translatable for a socket set up by the previous
+// process: its peek offset and send buffer are as that process left them.
+func (c *hostConn) adoptedSocket() (netstack.EndpointSocket, error) {
+	sndbuf, err := unix.GetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
+	if err != nil {
+		return nil, fmt.Errorf("SO_SNDBUF: %w", err)
+	}
+	return xlSocket{c: c, room: sndbuf / 2}, nil
+}

@@ -118,11 +118,17 @@ type Proxy struct {
 	// DialContext, or dialHost when the proxy made its own.
 	direct func(ctx context.Context, ep netip.AddrPort) (net.Conn, error)
 
-	coarse  *conntrack.CoarseClock // the conntrack clock Run ticks; nil if injected
-	flows   *flowSet
-	poller  atomic.Pointer[replyPoller] // UDP replies (udppoll_linux.go), while Run runs
-	runOnce sync.Once
-	defrag  *conntrack.Reassembler
+	coarse *conntrack.CoarseClock // the conntrack clock Run ticks; nil if injected
+	flows  *flowSet
+	// handoverCut is held for reading from a translated flow's Accept to
+	// its track, and for writing by DetachFlows (handover.go).
+	handoverCut sync.RWMutex
+	// detached are the flows DetachFlows stopped, for ReattachFlows
+	// (handover.go); only the handover's one goroutine touches it.
+	detached []mover
+	poller   atomic.Pointer[replyPoller] // UDP replies (udppoll_linux.go), while Run runs
+	runOnce  sync.Once
+	defrag   *conntrack.Reassembler
 	// reopenGrace is how long a flow whose entry a SYN reopened may go on
 	// before the reaper ends it (flows.go, step 2): the TIME_WAIT timeout,
 	// on ctClock, the conntrack table's clock.

@@ -16,6 +16,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
@@ -72,44 +73,190 @@ func (p *Proxy) HandleTranslated(r *netstack.TranslateRequest) {
 		r.Fallback()
 		return
 	}
-	rc := hc.rawConn()
-	wake := func() { _ = hc.SetReadDeadline(time.Unix(1, 0)) }
-	// The poller's readiness is an edge, and RawConn.Write forgets one that
-	// came before it began: the socket is asked first, then waited on.
-	waitWritable := func(then func()) {
-		_ = rc.Write(func(uintptr) bool { return hc.writable() })
-		then()
-	}
-	t := r.Accept(sock, wnd, wake, waitWritable, &p.stats.bytes) // 3
-	defer t.Forget()
-	defer keepAliveLater(backend, endpointKeepAlive)()
-	p.stats.count(conntrack.TCP, ResultProxied)
-	p.stats.countWay(conntrack.TCP, way)
-
-	f := newFlow(tuple, true, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: port.Name.String()}, func(bool) { t.Abort() }) // 4
-	f.count(pk)
-	f.noteWay(p.cfg.Via, way)
-	defer p.untrack(f)
-	if !p.track(f) {
-		t.Abort()
-		_ = backend.Close()
+	x := p.newXLOwner(hc, tuple, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: port.Name.String()})
+	x.f.count(pk)
+	x.f.noteWay(p.cfg.Via, way)
+	// Accepted and tracked in one step against a handover's cut
+	// (DetachFlows), which would otherwise miss a flow between the two.
+	p.handoverCut.RLock()
+	if x.t = r.Accept(sock, wnd, x.wake, x.waitWritable, &p.stats.bytes); x.t == nil { // 3
+		// The SYN went to the next process with the TUN (a handover):
+		// that process dials for it.
+		p.handoverCut.RUnlock()
+		pk.release()
+		resetTCP(backend)
 		return
 	}
+	tracked := x.start()
+	p.handoverCut.RUnlock()
+	if !tracked {
+		return
+	}
+	p.stats.count(conntrack.TCP, ResultProxied)
+	p.stats.countWay(conntrack.TCP, way)
 	if ce := p.logger.Check(zap.DebugLevel, "TCP flow started"); ce != nil {
 		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
 			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", pk.endpoint), zap.Stringer("way", way),
 			zap.Bool("translated", true))
 	}
-	stop := context.AfterFunc(r.Context(), t.Abort)
+	x.run() // 5
+}
+
+// xlOwner runs one translated flow: it tracks the flow, waits for its
+// socket's reads and reports them until the flow ends, and hands it over
+// when the process does (handover.go).
+type xlOwner struct {
+	p     *Proxy
+	hc    *hostConn
+	t     *netstack.TranslatedFlow
+	f     *flow
+	tuple conntrack.Tuple
+}
+
+func (p *Proxy) newXLOwner(hc *hostConn, tuple conntrack.Tuple, b conntrack.Binding) *xlOwner {
+	x := &xlOwner{p: p, hc: hc, tuple: tuple}
+	x.f = newFlow(tuple, true, b, func(bool) { x.t.Abort() })
+	x.f.mover = x
+	return x
+}
+
+// wake ends the owner's wait for the socket's reads.
+func (x *xlOwner) wake() { _ = x.hc.SetReadDeadline(time.Unix(1, 0)) }
+
+// waitWritable waits for the full socket to take bytes again. The poller's
+// readiness is an edge, and RawConn.Write forgets one that came before it
+// began: the socket is asked first, then waited on.
+func (x *xlOwner) waitWritable(then func()) {
+	_ = x.hc.rawConn().Write(func(uintptr) bool { return x.hc.writable() })
+	then()
+}
+
+// start tracks the flow on its conntrack entry, whose end aborts it (4);
+// a flow whose entry is gone already is ended, and false returned.
+func (x *xlOwner) start() bool {
+	if x.p.track(x.f) {
+		return true
+	}
+	x.t.Abort()
+	x.t.Forget()
+	x.p.untrack(x.f)
+	_ = x.hc.Close()
+	return false
+}
+
+// run reads until the flow ends (5). A flow handed to the next process
+// waits, its socket open and untouched, until this process exits, or until
+// the handover fails and it goes on.
+func (x *xlOwner) run() {
+	t, hc := x.t, x.hc
+	defer t.Forget()
+	defer keepAliveLater(hc, endpointKeepAlive)()
+	defer x.p.untrack(x.f)
+	stop := context.AfterFunc(t.Context(), t.Abort)
 	defer stop()
-	for !t.Ended() { // 5
+	rc := hc.rawConn()
+	for !t.Ended() {
 		err := rc.Read(func(uintptr) bool { return t.Readable() })
 		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Abort()
 		}
-		if err != nil {
-			break
+		if err == nil {
+			continue
 		}
+		if detached, attached := t.Detached(); detached {
+			select {
+			case <-attached:
+				_ = hc.SetReadDeadline(time.Time{})
+				continue
+			case <-t.Context().Done():
+				return // the next process's now: its socket is left as it is
+			}
+		}
+		break
 	}
-	_ = backend.Close()
+	_ = hc.Close()
+}
+
+// detach implements mover.
+func (x *xlOwner) detach() (MovedFlow, int, error) {
+	saved, ok := x.p.ct.Save(x.tuple)
+	if !ok {
+		return MovedFlow{}, 0, errors.New("proxy: the flow's conntrack entry is gone")
+	}
+	m, err := x.t.Detach()
+	if err != nil {
+		return MovedFlow{}, 0, err
+	}
+	return MovedFlow{Entry: saved, TCP: m, Endpoint: x.f.Endpoint, ServicePort: x.f.ServicePort}, x.hc.fd, nil
+}
+
+// reattach implements mover.
+func (x *xlOwner) reattach() { x.t.Reattach() }
+
+// forget implements mover.
+func (x *xlOwner) forget() { x.p.untrack(x.f) }
+
+// AdoptFlows takes the translated flows the previous process handed over
+// (moved, with their sockets in files at the same index) into st: each
+// flow's conntrack entry is restored, its TCP registered under its tuple,
+// and an owner runs it as if it had been accepted here. A flow that cannot
+// be adopted is reset (its socket closed with a RST; the client's next
+// segment meets the gate with no entry) and its client sent a RST; the
+// files are this process's either way. It returns how many were adopted.
+func (p *Proxy) AdoptFlows(st *netstack.Stack, moved []MovedFlow, files []*os.File) (int, error) {
+	if len(moved) != len(files) {
+		for _, f := range files {
+			_ = f.Close()
+		}
+		for _, m := range moved {
+			st.ResetMoved(m.Entry.Original, m.TCP)
+		}
+		return 0, fmt.Errorf("proxy: %d flows handed over with %d sockets", len(moved), len(files))
+	}
+	var errs []error
+	n := 0
+	for i, m := range moved {
+		if err := p.adopt(st, m, files[i]); err != nil {
+			st.ResetMoved(m.Entry.Original, m.TCP)
+			errs = append(errs, fmt.Errorf("%v: %w", m.Entry.Original, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+func (p *Proxy) adopt(st *netstack.Stack, m MovedFlow, file *os.File) error {
+	hc, err := adoptHostConn(file, m.Endpoint)
+	if err != nil {
+		_ = file.Close()
+		return err
+	}
+	sock, err := hc.adoptedSocket()
+	if err != nil {
+		resetTCP(hc)
+		return err
+	}
+	tuple := m.Entry.Original
+	if err := p.ct.Restore(m.Entry); err != nil {
+		resetTCP(hc)
+		return err
+	}
+	x := p.newXLOwner(hc, tuple, conntrack.Binding{Endpoint: m.Endpoint, ServicePort: m.ServicePort})
+	// own starts on the stack's handler goroutine once x.t is set.
+	ready := make(chan struct{})
+	t, err := st.AdoptTranslated(tuple, m.TCP, sock, x.wake, x.waitWritable, &p.stats.bytes, func(*netstack.TranslatedFlow) {
+		<-ready
+		if x.start() {
+			x.run()
+		}
+	})
+	if err != nil {
+		p.ct.DeleteFlow(tuple, nil)
+		resetTCP(hc)
+		return err
+	}
+	x.t = t
+	close(ready)
+	return nil
 }

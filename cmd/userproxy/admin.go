@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -26,20 +27,22 @@ import (
 
 // adminDeps are the parts the admin server reports on.
 type adminDeps struct {
-	ct        *conntrack.Table
-	defrag    *conntrack.Reassembler
-	px        *proxy.Proxy
-	st        *netstack.Stack
-	tracker   *service.Tracker
-	src       objectSource
-	firstSync <-chan struct{}
-	rules     rules.Options
-	profiling bool
-	dns       *clusterdns.Responder // nil with --dns=false
-	notes     func() []string       // /healthz notes
-	nodePorts *proxy.NodePorts
-	rest      *restClientMetrics // client-go's; nil without a cluster source
-	families  []service.Family   // served: the ip_family label's values
+	// takingOver: the proxy taken over holds the address until it exits.
+	takingOver bool
+	ct         *conntrack.Table
+	defrag     *conntrack.Reassembler
+	px         *proxy.Proxy
+	st         *netstack.Stack
+	tracker    *service.Tracker
+	src        objectSource
+	firstSync  <-chan struct{}
+	rules      rules.Options
+	profiling  bool
+	dns        *clusterdns.Responder // nil with --dns=false
+	notes      func() []string       // /healthz notes
+	nodePorts  *proxy.NodePorts
+	rest       *restClientMetrics // client-go's; nil without a cluster source
+	families   []service.Family   // served: the ip_family label's values
 	// proxierHealth is kube-proxy's health state, for its counters.
 	proxierHealth *admin.ProxierHealth
 	dial          func() admin.DialView
@@ -75,6 +78,12 @@ func defaultControlSocket(tun string) string {
 		dir = filepath.Join(dir, fmt.Sprintf("userproxy-%d", os.Geteuid()))
 	}
 	return filepath.Join(dir, tun+".sock")
+}
+
+// defaultHandoverSocket is --handover-socket's default: beside the control
+// socket.
+func defaultHandoverSocket(tun string) string {
+	return filepath.Join(filepath.Dir(defaultControlSocket(tun)), tun+".handover")
 }
 
 // servedFamilies returns the families of the service CIDRs, IPv4 first.
@@ -203,7 +212,11 @@ func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *
 		cfg.DNS = d.dns
 	}
 	srv := admin.New(cfg)
-	ln, err := srv.Listen(addr)
+	listen := func() (net.Listener, error) { return srv.Listen(addr) }
+	ln, err := listen()
+	if d.takingOver {
+		ln, err = retryTaken(listen)
+	}
 	if err != nil {
 		if cause := errors.Unwrap(err); cause != nil {
 			err = cause // the listen's own error, without admin's wording

@@ -238,6 +238,16 @@ func (r *extRoutes) Close() {
 	}
 }
 
+// handOver leaves the routes run added to the next process (a handover):
+// nothing is removed, and Sync does nothing from here on.
+func (r *extRoutes) handOver() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	clear(r.mine)
+	clear(r.mineCIDR)
+}
+
 // errTooWide is why a cluster CIDR tooWide says is wide is not routed.
 var errTooWide = errors.New("wider than an IPv4 /8 or an IPv6 /64, it would take the host's other traffic")
 

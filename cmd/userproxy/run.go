@@ -73,6 +73,8 @@ type runFlags struct {
 	nodeName, zone     string
 	adminAddr          string
 	controlSocket      string
+	handoverSocket     string
+	takeOver           bool
 	minSyncPeriod      time.Duration
 	conntrackMax       int
 	ctEstablished      time.Duration
@@ -132,6 +134,8 @@ func (f *runFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.healthzAddr, "healthz-bind-address", defaultHealthzAddr, "kube-proxy's health server: /healthz and /livez with kube-proxy's JSON, for probes and load balancers (a node sets 0.0.0.0:10256); empty disables it")
 	fs.StringVar(&f.adminAddr, "admin-addr", defaultAdminAddr, "address of the admin server (/healthz, /metrics, /debug: read-only); empty disables it")
 	fs.StringVar(&f.controlSocket, "control-socket", "", "unix socket (mode 0600) that serves what changes the proxy's state, the conntrack flush (default: "+defaultControlSocket("TUN")+"); \"none\" disables it")
+	fs.StringVar(&f.handoverSocket, "handover-socket", "", "unix socket (mode 0600) on which a new process started with --take-over takes this one's TUN and flows (default: "+defaultHandoverSocket("TUN")+"); \"none\" disables it")
+	fs.BoolVar(&f.takeOver, "take-over", false, "take the TUN and the flows over from the proxy running on --handover-socket, which then exits (a restart or upgrade without resetting connections); with none running, a clean start")
 	fs.DurationVar(&f.minSyncPeriod, "min-sync-period", service.DefaultMinSyncPeriod, "least time between two service table builds (0: build on every change)")
 	fs.IntVar(&f.conntrackMax, "conntrack-max", 0, "conntrack table size (0: 32768 per core, at least 131072, as kube-proxy)")
 	fs.DurationVar(&f.ctEstablished, "conntrack-tcp-timeout-established", def.TCPEstablished, "idle timeout of established TCP flows")
@@ -163,6 +167,7 @@ func (f *runFlags) register(fs *pflag.FlagSet) {
 		"conntrack-udp-timeout", "conntrack-udp-timeout-stream", "conntrack-tcp-be-liberal")
 	groupFlags(fs, "Limits", "max-inflight", "max-inflight-per-client", "max-udp-sessions", "handshake-timeout", "procs")
 	groupFlags(fs, "Servers", "healthz-bind-address", "admin-addr", "control-socket", "profiling")
+	groupFlags(fs, "Restarts", "handover-socket", "take-over")
 	groupFlags(fs, "DNS", "dns", "dns-ip", "cluster-domain", "dns-upstream", "dns-host-config")
 	groupFlags(fs, "Logging", "log-level", "log-format")
 }
@@ -206,6 +211,15 @@ func (f *runFlags) validate() error {
 		return errors.New("--apiserver-tunnel-idle must be positive")
 	}
 	f.nodeName = strings.ToLower(f.nodeName) // kube-proxy lowercases an override too
+	switch f.handoverSocket {
+	case "":
+		f.handoverSocket = defaultHandoverSocket(f.tunName)
+	case "none":
+		f.handoverSocket = ""
+	}
+	if f.takeOver && f.handoverSocket == "" {
+		return errors.New("--take-over needs a --handover-socket")
+	}
 	if f.controlSocket == "" {
 		f.controlSocket = defaultControlSocket(f.tunName)
 	}
@@ -406,19 +420,52 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	}
 	// kube-proxy's health server: a port that is taken fails the start, as
 	// the admin server's does.
+	// Taking over, the running proxy holds the port until it has handed
+	// over: the listen waits for it (listenTakingOver).
 	var healthLn net.Listener
-	if f.healthzAddr != "" {
+	if f.healthzAddr != "" && !f.takeOver {
 		if healthLn, err = net.Listen("tcp", f.healthzAddr); err != nil {
 			return listenHint("--healthz-bind-address", f.healthzAddr, err)
 		}
 		defer healthLn.Close()
 	}
 
-	// 3. The TUN and the stack.
-	tun, err := openTUN(tunConfig{name: f.tunName, mtu: f.mtu, offload: f.tunOffload, portable: f.tunPortable, queues: f.queues()},
-		f.serviceCIDRs.values, logger.Named("tun"))
-	if err != nil {
-		return err
+	// 3. The TUN and the stack: the running proxy's, taken over (its
+	// queues, its flows, its routes: handover_linux.go), or our own.
+	// Taking over, the source runs first: the running proxy pauses from
+	// the moment it is asked, and the first packets after the pause need
+	// this process's service table (takeOverSync).
+	srcErr := make(chan error, 1)
+	var srcWG sync.WaitGroup
+	srcCtx, cancelSrc := context.WithCancel(ctx)
+	defer func() { cancelSrc(); srcWG.Wait() }()
+	var to *takeover
+	if f.takeOver {
+		srcWG.Add(1)
+		go func() { defer srcWG.Done(); srcErr <- src.Run(srcCtx) }()
+		select {
+		case <-firstSync:
+		case err := <-srcErr:
+			return fmt.Errorf("taking over: source: %w", err)
+		case <-time.After(takeOverSync):
+			return fmt.Errorf("taking over: no service table after %v; the running proxy serves on", takeOverSync)
+		}
+		if to, err = takeOver(f.handoverSocket, logger.Named("handover")); err != nil {
+			return err
+		}
+	}
+	var tun *tunDevice
+	if to != nil {
+		if tun, err = adoptTUN(to, f.serviceCIDRs.values, logger.Named("tun")); err != nil {
+			to.fail(err)
+			return fmt.Errorf("taking over: %w", err)
+		}
+	} else {
+		tun, err = openTUN(tunConfig{name: f.tunName, mtu: f.mtu, offload: f.tunOffload, portable: f.tunPortable, queues: f.queues()},
+			f.serviceCIDRs.values, logger.Named("tun"))
+		if err != nil {
+			return err
+		}
 	}
 	defer tun.close()
 	ops, err := tun.hostRoutes()
@@ -432,7 +479,12 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	routes.Store(ext)
 	ext.Sync(px.Table().ExternalAddrs())
 	if responder != nil {
-		defer configureHostDNS(hostDNS{tun: tun.name, ip: f.dns.addr, domain: f.dns.domain, enabled: f.dns.hostConfig}, logger.Named("dns"))()
+		revert := configureHostDNS(hostDNS{tun: tun.name, ip: f.dns.addr, domain: f.dns.domain, enabled: f.dns.hostConfig}, logger.Named("dns"))
+		defer func() {
+			if !tun.handedOver { // the next process's configuration now
+				revert()
+			}
+		}()
 	}
 	if f.tcpTranslate {
 		if err := proxy.TranslateSupported(); err != nil {
@@ -444,10 +496,24 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		MaxInFlight: f.maxInFlight, MaxInFlightPerClient: f.maxInFlightClient, HandshakeTimeout: f.handshakeTimeout,
 		TranslateTCP: f.tcpTranslate})
 	if err != nil {
+		if to != nil {
+			to.fail(err)
+		}
 		return err
 	}
 	defer st.Close() // runs before tun.close: flows end, then routes go
 	st.SetFlowHandler(px)
+	if to != nil {
+		if err := adoptFlows(to, tun, st, px, logger.Named("handover")); err != nil {
+			return err
+		}
+		if healthLn, err = listenTakingOver(f.healthzAddr); err != nil {
+			return listenHint("--healthz-bind-address", f.healthzAddr, err)
+		}
+		if healthLn != nil {
+			defer healthLn.Close()
+		}
+	}
 
 	// Every early return below must stop these goroutines before the
 	// deferred closes run: cancel first, then wait.
@@ -455,10 +521,12 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	var wg sync.WaitGroup
 	// The tracker goes first: a build timer firing during teardown would
 	// sync the routes and sockets the deferred closes take down.
-	defer func() { cancel(); wg.Wait(); tracker.Close() }()
-	srcErr := make(chan error, 1)
-	wg.Add(3)
-	go func() { defer wg.Done(); srcErr <- src.Run(ctx) }()
+	defer func() { cancel(); cancelSrc(); srcWG.Wait(); wg.Wait(); tracker.Close() }()
+	if !f.takeOver {
+		srcWG.Add(1)
+		go func() { defer srcWG.Done(); srcErr <- src.Run(srcCtx) }()
+	}
+	wg.Add(2)
 	go func() { defer wg.Done(); px.Run(ctx) }()
 	go func() { defer wg.Done(); locals.run(ctx) }()
 	wg.Add(1)
@@ -488,7 +556,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 
 	// 4. The admin server.
 	if f.adminAddr != "" {
-		stopAdmin, err := startAdmin(ctx, f.adminAddr, f.controlSocket, adminDeps{proxyMode: proxyModeOf(f), configz: f.configz, ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts, proxierHealth: proxierHealth,
+		stopAdmin, err := startAdmin(ctx, f.adminAddr, f.controlSocket, adminDeps{takingOver: to != nil, proxyMode: proxyModeOf(f), configz: f.configz, ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts, proxierHealth: proxierHealth,
 			rest: rest, families: servedFamilies(f.serviceCIDRs.values), dial: dialView(f.via, px, pf), pf: pf,
 			rules:     rulesOptions(f, npAddrs),
 			conflicts: cf, clusterDomain: f.dns.domain,
@@ -500,6 +568,8 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		}
 		defer stopAdmin()
 	}
+	ho := listenHandover(f.handoverSocket, st, tun, px, logger.Named("handover"))
+	defer ho.Close()
 	logger.Info("userproxy running", zap.String("tun", tun.name), zap.Stringer("serviceCIDRs", &f.serviceCIDRs),
 		zap.String("node", f.nodeName), zap.String("admin", f.adminAddr), zap.Stringer("dialVia", f.via), f.dns.field())
 
@@ -511,6 +581,21 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		if err != nil {
 			return fmt.Errorf("source: %w", err)
 		}
+	case <-ho.Done():
+		// The next process reads the TUN now: what did not move ends at
+		// once (a reset, as a restart gives it), and nothing of the
+		// device's is removed; the servers stop (cancel) and free their
+		// ports for it.
+		cancel()
+		ho.Close()
+		nodePorts.Close()
+		ext.handOver()
+		expired, cancelExpired := context.WithTimeout(context.Background(), 0)
+		defer cancelExpired()
+		if n := px.Shutdown(expired); n > 0 {
+			logger.Info("handed over: reset the flows that could not move", zap.Int("flows", n))
+		}
+		return nil
 	}
 	// Stop admitting, let the flows finish for a moment, then reset what is
 	// left (a response cut short must look cut short); the deferred Close
@@ -523,6 +608,10 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	cancelDrain()
 	return nil
 }
+
+// takeOverSync bounds a taker's wait for its first service table: an API
+// server's informers sync in seconds.
+const takeOverSync = time.Minute
 
 // shutdownGrace bounds how long SIGTERM waits for flows to finish on their
 // own before resetting them.

@@ -24,7 +24,10 @@ type tunDevice struct {
 	name    string
 	routes  []netlink.Route // routes run added (removed on exit)
 	created bool            // run created the device (it goes when closed)
-	logger  *zap.Logger
+	// handedOver: the device and its routes are the next process's
+	// (handover_linux.go); nothing of them is removed here.
+	handedOver bool
+	logger     *zap.Logger
 	// The portable path (--tun-portable): routes by ip(8) commands, as
 	// macOS's by route(8), and those run added.
 	cmds      routeCommands
@@ -242,6 +245,22 @@ func isTUN(l netlink.Link) bool {
 
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// prefixOf is prefixNet's inverse.
+func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
+	if n == nil {
+		return netip.Prefix{}, false
+	}
+	a, ok := netip.AddrFromSlice(n.IP)
+	ones, _ := n.Mask.Size()
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	if len(n.Mask) == net.IPv4len {
+		a = a.Unmap()
+	}
+	return netip.PrefixFrom(a, ones), true
 }
 
 // setupTUN creates (or, with remove, deletes) the persistent TUN device for

@@ -18,6 +18,8 @@ type tunDevice struct {
 	name   string
 	routes []netip.Prefix
 	logger *zap.Logger
+	// handedOver is never set here (handover_other.go).
+	handedOver bool
 }
 
 // openTUN opens a utun device (the portable path, the only one here) and

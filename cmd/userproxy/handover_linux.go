@@ -1,0 +1,233 @@
+package main
+
+// Handover for `userproxy run` (package handover; docs/handover.md):
+//
+//  1. A running proxy listens on its handover socket (--handover-socket).
+//  2. A new one started with --take-over dials it when it would open the
+//     TUN; nobody there is a clean start. The old one pauses its TUN's
+//     readers, detaches its translated flows and sends its TUN queues,
+//     their sockets and a snapshot (snapshot.go).
+//  3. The new one opens its link on the queues it received, builds its
+//     stack, adopts the flows, resumes reading and confirms; only then does
+//     the old one end: it leaves the device, its routes and the moved
+//     flows' sockets to the new one, resets the flows that could not move,
+//     and exits 0. Any failure before the confirmation leaves the old one
+//     serving: it reattaches its flows and reads again.
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+
+	"github.com/userproxy/userproxy/handover"
+	"github.com/userproxy/userproxy/netstack"
+	"github.com/userproxy/userproxy/proxy"
+)
+
+// The handover's bounds: the old process's wait for the new one's
+// confirmation (it is paused meanwhile, so the bound is also the longest
+// pause a failed handover costs), and the new one's for the state.
+const (
+	handoverConfirmWait = 10 * time.Second
+	handoverReceiveWait = 10 * time.Second
+)
+
+// takeover is what a new process received from the running one.
+type takeover struct {
+	taker  *handover.Taker
+	link   linkState
+	flows  []proxy.MovedFlow
+	syns   [][]byte
+	queues []*os.File
+	socks  []*os.File
+	start  time.Time // when the state was asked for: the pause began about then
+}
+
+// takeOver dials the running process at path; it returns nil, nil when
+// there is none (a clean start).
+func takeOver(path string, logger *zap.Logger) (*takeover, error) {
+	tk, err := handover.Dial(path, handoverReceiveWait)
+	if errors.Is(err, handover.ErrNoServer) {
+		logger.Info("no running proxy to take over from: a clean start", zap.String("socket", path))
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("taking over: %w", err)
+	}
+	start := time.Now()
+	snap, files, err := tk.Receive(handoverReceiveWait)
+	if err != nil {
+		tk.Close()
+		return nil, fmt.Errorf("taking over from pid %d: %w", tk.ServerPID, err)
+	}
+	l, flows, syns, err := decodeSnapshot(snap)
+	if err == nil && len(files) != l.queues+len(flows) {
+		err = fmt.Errorf("%d descriptors for %d queues and %d flows", len(files), l.queues, len(flows))
+	}
+	if err != nil {
+		tk.Fail(err.Error())
+		for _, f := range files {
+			_ = f.Close()
+		}
+		return nil, fmt.Errorf("taking over from pid %d: the snapshot: %w", tk.ServerPID, err)
+	}
+	return &takeover{taker: tk, link: l, flows: flows, syns: syns, queues: files[:l.queues], socks: files[l.queues:], start: start}, nil
+}
+
+// fail tells the old process to serve on, and closes what was received.
+func (to *takeover) fail(err error) {
+	to.taker.Fail(err.Error())
+	for _, f := range append(to.queues, to.socks...) {
+		_ = f.Close()
+	}
+}
+
+// adoptTUN makes the run's device of the queues received: the old
+// process's routes become this one's to remove (when it created the
+// device, they go with it anyway).
+// Service CIDRs this process routes that the old one did not are added.
+func adoptTUN(to *takeover, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
+	l := to.link
+	link, err := netstack.AdoptTUN(l.name, to.queues, l.mtu, l.vnet)
+	if err != nil {
+		return nil, err
+	}
+	d := &tunDevice{link: link, name: l.name, created: l.created, logger: logger}
+	if len(l.routes) > 0 {
+		nl, err := netlink.LinkByName(l.name)
+		if err != nil {
+			_ = link.Close()
+			return nil, fmt.Errorf("device %q: %w", l.name, err)
+		}
+		for _, p := range l.routes {
+			d.routes = append(d.routes, netlink.Route{LinkIndex: nl.Attrs().Index, Dst: prefixNet(p)})
+		}
+	}
+	if err := d.addRoutes(cidrs); err != nil {
+		_ = link.Close()
+		return nil, err
+	}
+	logger.Info("TUN device taken over", zap.String("device", l.name), zap.Int("queues", l.queues), zap.Bool("offload", l.vnet))
+	return d, nil
+}
+
+// handoverServer is the running process's side: it answers takers until
+// one confirms, then reports on done.
+type handoverServer struct {
+	srv    *handover.Server
+	st     *netstack.Stack
+	tun    *tunDevice
+	px     *proxy.Proxy
+	logger *zap.Logger
+	done   chan struct{} // closed once a taker confirmed
+}
+
+// listenHandover opens the handover socket; a failure is logged (the proxy
+// serves without handovers), not fatal.
+func listenHandover(path string, st *netstack.Stack, tun *tunDevice, px *proxy.Proxy, logger *zap.Logger) *handoverServer {
+	if path == "" {
+		return nil
+	}
+	srv, err := handover.Listen(path)
+	if err != nil {
+		logger.Warn("no handover socket: a restart will reset the flows", zap.Error(err))
+		return nil
+	}
+	h := &handoverServer{srv: srv, st: st, tun: tun, px: px, logger: logger, done: make(chan struct{})}
+	go h.serve()
+	return h
+}
+
+// Done is closed once the proxy has been handed over.
+func (h *handoverServer) Done() <-chan struct{} {
+	if h == nil {
+		return nil
+	}
+	return h.done
+}
+
+// Close stops listening.
+func (h *handoverServer) Close() {
+	if h != nil {
+		_ = h.srv.Close()
+	}
+}
+
+// serve answers takers, one at a time, until one takes over.
+func (h *handoverServer) serve() {
+	for o := range h.srv.Offers() {
+		if h.offer(o) {
+			close(h.done)
+			return
+		}
+	}
+}
+
+// offer hands the proxy to o's taker; it reports whether the taker
+// confirmed. Otherwise everything is as before.
+func (h *handoverServer) offer(o *handover.Offer) bool {
+	log := h.logger.With(zap.Int("taker", o.TakerPID))
+	queueFDs, err := h.tun.link.QueueFDs()
+	if err != nil {
+		o.Refuse(err.Error())
+		log.Warn("handover refused", zap.Error(err))
+		return false
+	}
+	paused := time.Now()
+	if err := h.tun.link.PauseReads(); err != nil {
+		o.Refuse(err.Error())
+		return false
+	}
+	syns := h.st.HandOffHandshakes()
+	moved, sockFDs := h.px.DetachFlows()
+	l := linkState{name: h.tun.name, mtu: h.tun.link.MTU(), vnet: h.tun.link.Offload, queues: len(queueFDs), created: h.tun.created}
+	for _, r := range h.tun.routes {
+		if p, ok := prefixOf(r.Dst); ok {
+			l.routes = append(l.routes, p)
+		}
+	}
+	snap := encodeSnapshot(l, moved, syns)
+	err = o.Send(snap, append(queueFDs, sockFDs...), handoverConfirmWait)
+	if err == nil {
+		err = o.Wait(handoverConfirmWait)
+	} else {
+		o.Refuse(err.Error())
+	}
+	if err != nil {
+		h.px.ReattachFlows()
+		h.tun.link.ResumeReads()
+		log.Warn("handover failed: serving on", zap.Error(err), zap.Int("flows", len(moved)), zap.Duration("paused", time.Since(paused)))
+		return false
+	}
+	// The device, its routes and the moved flows are the new process's.
+	h.tun.routes, h.tun.handedOver = nil, true
+	h.px.ForgetDetached()
+	log.Info("handed over", zap.Int("flowsMoved", len(moved)), zap.Int("synsMoved", len(syns)), zap.Int("queues", len(queueFDs)),
+		zap.Duration("paused", time.Since(paused)), zap.Int("snapshotBytes", len(snap)))
+	return true
+}
+
+// adoptFlows takes the flows handed over into the new stack, whose link's
+// readers wait meanwhile (AdoptTUN: a client segment must find its flow),
+// then starts them and confirms: the old process exits, and this one
+// serves. A confirmation that does not reach the old process ends this
+// one, which then leaves the device to the old one again.
+func adoptFlows(to *takeover, tun *tunDevice, st *netstack.Stack, px *proxy.Proxy, logger *zap.Logger) error {
+	n, err := px.AdoptFlows(st, to.flows, to.socks)
+	if err != nil {
+		logger.Warn("flows handed over that could not be taken: reset", zap.Error(err))
+	}
+	st.DeliverInbound(to.syns)
+	tun.link.ResumeReads()
+	if err := to.taker.Confirm(); err != nil {
+		return fmt.Errorf("taking over: %w", err)
+	}
+	logger.Info("took over", zap.Int("from", to.taker.ServerPID), zap.Int("flowsMoved", n),
+		zap.Int("flowsReset", len(to.flows)-n), zap.Duration("paused", time.Since(to.start)))
+	return nil
+}

@@ -1,0 +1,196 @@
+//go:build linux
+
+package integration
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A second binary, built apart (-trimpath: other bytes, the same snapshot
+// format), for the handover test: versions of the same format hand over.
+var (
+	otherBuildOnce sync.Once
+	otherBinPath   string
+	otherBuildErr  error
+)
+
+func otherUserproxyBinary(t *testing.T) string {
+	t.Helper()
+	userproxyBinary(t) // the directory
+	otherBuildOnce.Do(func() {
+		otherBinPath = filepath.Join(binDir, "userproxy-other")
+		out, err := exec.Command("go", "build", "-trimpath", "-o", otherBinPath, "github.com/userproxy/userproxy/cmd/userproxy").CombinedOutput()
+		if err != nil {
+			otherBuildErr = fmt.Errorf("go build: %v: %s", err, out)
+		}
+	})
+	if otherBuildErr != nil {
+		t.Fatal(otherBuildErr)
+	}
+	return otherBinPath
+}
+
+// TestBinaryHandover: a running proxy hands its TUN and its translated TCP
+// flows to a second binary started with --take-over, which exits 0 once
+// the new one confirms. Long-lived streams through a ClusterIP move bytes
+// both ways throughout, each byte checked as it comes back from an echo
+// endpoint; none sees a reset, an early EOF or a wrong byte, and each moves
+// bytes after the handover; a client opening short connections all the
+// while sees none fail. The pause the new process logs is reported.
+func TestBinaryHandover(t *testing.T) {
+	requireRoot(t)
+	binA, binB := userproxyBinary(t), otherUserproxyBinary(t)
+	b := newBinNS(t)
+	ep := b.serveTCP(func(c net.Conn) { _, _ = io.Copy(c, c) })
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "services.yaml")
+	writeFile(t, cfg, quickConfig(ep, b.udpEcho()))
+	sock := filepath.Join(dir, "run", "upxho0.handover")
+	// Translated flows on Linux's own TUN path, whatever the pass of
+	// `make unit` (USERPROXY_TCP_TRANSLATE=0, USERPROXY_TUN=portable):
+	// those are what moves (docs/handover.md).
+	args := func(bin string, extra ...string) []string {
+		return append([]string{"ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxho0",
+			"--tcp-translate=true", "--tun-portable=false",
+			"--handover-socket", sock, "--control-socket", "none", "--min-sync-period", "0", "--log-level", "debug"}, extra...)
+	}
+	old := startProc(t, args(binA)...)
+	b.waitHealthy(old)
+
+	const streams = 50
+	var (
+		wg       sync.WaitGroup
+		stop     atomic.Bool
+		failures = make(chan error, streams+1)
+		moved    [streams]atomic.Int64 // bytes echoed, per stream
+	)
+	defer func() { stop.Store(true); wg.Wait() }() // a failure below still stops them
+	for i := range streams {
+		conn, err := b.c.dial("tcp", "10.96.0.10:80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { // a stream: writes, reads its echo, checks every byte
+			defer wg.Done()
+			defer conn.Close()
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			out, in := make([]byte, 4096), make([]byte, 4096)
+			for n := 0; n < 100000 && !stop.Load(); n++ {
+				size := 1 + rng.IntN(len(out))
+				for j := range out[:size] {
+					out[j] = byte(rng.Uint32())
+				}
+				_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+				if _, err := conn.Write(out[:size]); err != nil {
+					failures <- fmt.Errorf("stream %d, after %d bytes: write: %w", i, moved[i].Load(), err)
+					return
+				}
+				if _, err := io.ReadFull(conn, in[:size]); err != nil {
+					failures <- fmt.Errorf("stream %d, after %d bytes: read: %w", i, moved[i].Load(), err)
+					return
+				}
+				if !bytes.Equal(in[:size], out[:size]) {
+					failures <- fmt.Errorf("stream %d, after %d bytes: the echo differs", i, moved[i].Load())
+					return
+				}
+				moved[i].Add(int64(size))
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	var shortOK, shortFailed atomic.Int64
+	wg.Add(1)
+	go func() { // short connections, one after another
+		defer wg.Done()
+		for n := 0; n < 100000 && !stop.Load(); n++ {
+			err := func() error {
+				c, err := b.c.dial("tcp", "10.96.0.10:80")
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+
+				if _, err := c.Write([]byte("ping")); err != nil {
+					return err
+				}
+				got := make([]byte, 4)
+				if _, err := io.ReadFull(c, got); err != nil {
+					return err
+				}
+				if string(got) != "ping" {
+					return errors.New("a wrong answer")
+				}
+				return nil
+			}()
+			if err != nil {
+				shortFailed.Add(1)
+				if shortFailed.Load() == 1 {
+					failures <- fmt.Errorf("a short connection failed: %w", err)
+				}
+			} else {
+				shortOK.Add(1)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	time.Sleep(time.Second)
+
+	before := make([]int64, streams)
+	for i := range before {
+		before[i] = moved[i].Load()
+	}
+	shortBefore := shortOK.Load()
+	taker := startProc(t, args(binB, "--take-over")...)
+	select {
+	case err := <-old.exited:
+		if err != nil {
+			t.Fatalf("the old process exited with %v after handing over, want status 0", err)
+		}
+	case <-time.After(30 * time.Second):
+		_ = old.cmd.Process.Signal(syscall.SIGQUIT) // its goroutines, in its output
+		<-old.exited
+		t.Fatal("the old process did not exit within 30 s of the taker's start")
+	}
+	b.waitHealthy(taker)
+	time.Sleep(2 * time.Second)
+	stop.Store(true)
+	wg.Wait()
+	close(failures)
+	for err := range failures {
+		t.Error(err)
+	}
+	for i := range before {
+		if moved[i].Load() == before[i] {
+			t.Errorf("stream %d moved no bytes after the handover", i)
+		}
+	}
+	if shortOK.Load() == shortBefore {
+		t.Error("no short connection succeeded after the handover")
+	}
+	pause := regexp.MustCompile(`"msg":"took over".*?"paused":"?([0-9.a-zµ]+)`).FindStringSubmatch(taker.output())
+	if pause == nil {
+		t.Fatalf("the taker did not log its takeover:\n%s", taker.output())
+	}
+	t.Logf("handover: %d streams moved, %d short connections (%d failed), pause %s", streams, shortOK.Load(), shortFailed.Load(), pause[1])
+	if !regexp.MustCompile(`"msg":"handed over".*"flowsMoved":[1-9]`).MatchString(old.output()) {
+		t.Errorf("the old process did not log what moved:\n%s", old.output())
+	}
+	if err := taker.stop(t); err != nil {
+		t.Fatalf("the new process: %v", err)
+	}
+}

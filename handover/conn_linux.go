@@ -14,10 +14,14 @@ package handover
 //     (the number of descriptors, the snapshot's length),
 //     then the descriptors in batches of fdBatch with SCM_RIGHTS, then the
 //     snapshot in chunks.
-//  3. The taker validates and resumes, then confirms; or it fails, saying
-//     why. Only a confirmation lets the old process go: a failure, the
-//     taker's exit or silence past the owner's bound leave it serving, and
-//     the next taker may try.
+//  3. The taker validates and restores everything without acting on it
+//     yet (no segment out, no packet read), then confirms; or it fails,
+//     saying why. A confirmation commits the old process: it answers with
+//     a commit and never takes its flows back. Only then does the taker
+//     act. A failure, the taker's exit or silence past the owner's bound
+//     leave the old process serving, and the next taker may try; a taker
+//     that gets no commit acts only if the old process is gone (it crashed
+//     after the confirmation), and otherwise gives up.
 
 import (
 	"errors"
@@ -43,6 +47,7 @@ const (
 	msgFDs     = 'F'
 	msgChunk   = 'S'
 	msgConfirm = 'C'
+	msgCommit  = 'K'
 	msgFail    = 'X'
 )
 
@@ -126,8 +131,8 @@ func Listen(path string) (*Server, error) {
 func (s *Server) Path() string { return s.path }
 
 // Offers delivers each taker that said a valid hello while no other was
-// being served. The owner must answer every offer: Refuse, or Send and
-// then Wait.
+// being served; it is closed by Close. The owner must answer every offer:
+// Refuse, or Send and then Wait.
 func (s *Server) Offers() <-chan *Offer { return s.offers }
 
 // Close stops listening and removes the socket file, unless another
@@ -146,6 +151,7 @@ func (s *Server) Close() error {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	close(s.offers) // no greeter is left to send: the owner's range ends
 	var st unix.Stat_t
 	if unix.Stat(s.path, &st) == nil && st.Ino == s.ino {
 		_ = os.Remove(s.path)
@@ -304,8 +310,10 @@ func (o *Offer) write(b, oob []byte) error {
 }
 
 // Wait waits up to timeout for the taker's answer: nil once it confirms
-// (the owner may stop), an error when it fails, goes away or stays
-// silent (the owner serves on). Either way the offer is over.
+// and this process's commit is sent (the owner is committed: it must not
+// act on what it sent again, and stops), an error when the taker fails,
+// goes away or stays silent (the owner serves on). Either way the offer is
+// over.
 func (o *Offer) Wait(timeout time.Duration) error {
 	defer o.release()
 	_ = o.c.SetDeadline(time.Now().Add(timeout))
@@ -317,6 +325,10 @@ func (o *Offer) Wait(timeout time.Duration) error {
 	case n == 0:
 		return fmt.Errorf("handover: the taker (pid %d) went away", o.TakerPID)
 	case buf[0] == msgConfirm:
+		_ = o.c.SetDeadline(time.Now().Add(time.Second))
+		if _, _, err := o.c.WriteMsgUnix([]byte{msgCommit}, nil, nil); err != nil {
+			return fmt.Errorf("handover: the taker (pid %d) went away after its confirmation: %w", o.TakerPID, err)
+		}
 		return nil
 	case buf[0] == msgFail:
 		return fmt.Errorf("handover: the taker (pid %d) failed: %s", o.TakerPID, buf[1:n])
@@ -432,15 +444,39 @@ func (t *Taker) Receive(timeout time.Duration) (snapshot []byte, fds []*os.File,
 	return snapshot, fds, nil
 }
 
-// Confirm tells the running process that this one has taken over.
-func (t *Taker) Confirm() error {
-	_ = t.c.SetDeadline(time.Now().Add(time.Second))
-	_, _, err := t.c.WriteMsgUnix([]byte{msgConfirm}, nil, nil)
-	_ = t.c.Close()
-	if err != nil {
-		return fmt.Errorf("handover: confirming: %w", err)
+// ErrServerAlive is a confirmation the running process did not commit to
+// while it still runs: it serves on, and this process must not act.
+var ErrServerAlive = errors.New("handover: the running process did not commit")
+
+// Confirm tells the running process that this one is ready, and waits up
+// to timeout for its commit. nil: act (take the flows, read the queues).
+// An error wrapping ErrServerAlive: the running process serves on. A
+// running process that is gone (it crashed after the confirmation) counts
+// as committed: nobody else serves.
+func (t *Taker) Confirm(timeout time.Duration) error {
+	defer t.c.Close()
+	_ = t.c.SetDeadline(time.Now().Add(timeout))
+	if _, _, err := t.c.WriteMsgUnix([]byte{msgConfirm}, nil, nil); err != nil {
+		return t.noCommit(fmt.Errorf("confirming: %w", err))
 	}
-	return nil
+	buf := make([]byte, 64)
+	n, _, _, _, err := t.c.ReadMsgUnix(buf, nil)
+	switch {
+	case err != nil:
+		return t.noCommit(fmt.Errorf("waiting for the commit: %w", err))
+	case n == 1 && buf[0] == msgCommit:
+		return nil
+	}
+	return t.noCommit(fmt.Errorf("the running process answered %q, not a commit", buf[:n]))
+}
+
+// noCommit is Confirm's answer without a commit: nil when the running
+// process is gone, else ErrServerAlive with why.
+func (t *Taker) noCommit(why error) error {
+	if err := unix.Kill(t.ServerPID, 0); errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	return fmt.Errorf("%w (pid %d): %v", ErrServerAlive, t.ServerPID, why)
 }
 
 // Fail tells the running process that this one did not take over, and

@@ -84,7 +84,7 @@ func TestHandoverMovesDescriptors(t *testing.T) {
 		}
 		b, fds, err := tk.Receive(5 * time.Second)
 		if err == nil {
-			err = tk.Confirm()
+			err = tk.Confirm(5 * time.Second)
 		} else {
 			tk.Close()
 		}
@@ -277,5 +277,45 @@ func TestHandoverSilentClient(t *testing.T) {
 	}
 	if d := time.Since(start); d >= helloTimeout/2 {
 		t.Fatalf("Close took %v with a silent client", d)
+	}
+}
+
+// TestHandoverCommit: a taker's confirmation draws the running process's
+// commit; a running process that gives up instead (here: it refuses after
+// sending its state) leaves the taker ErrServerAlive, so that it does not
+// act while the old one serves on.
+func TestHandoverCommit(t *testing.T) {
+	s := listen(t)
+	for _, commit := range []bool{true, false} {
+		res := make(chan error, 1)
+		go func() {
+			tk, err := Dial(s.Path(), 5*time.Second)
+			if err != nil {
+				res <- err
+				return
+			}
+			if _, _, err := tk.Receive(5 * time.Second); err != nil {
+				res <- err
+				return
+			}
+			res <- tk.Confirm(5 * time.Second)
+		}()
+		o := offer(t, s)
+		if err := o.Send([]byte("state"), nil, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			if err := o.Wait(5 * time.Second); err != nil {
+				t.Fatalf("Wait: %v", err)
+			}
+			if err := <-res; err != nil {
+				t.Fatalf("a confirmation the running process committed to: %v", err)
+			}
+			continue
+		}
+		o.Refuse("giving up")
+		if err := <-res; !errors.Is(err, ErrServerAlive) {
+			t.Fatalf("a confirmation the running process did not commit to: %v; want ErrServerAlive", err)
+		}
 	}
 }

@@ -53,6 +53,6 @@ func Dial(path string, timeout time.Duration) (*Taker, error) { return nil, ErrN
 func (t *Taker) Receive(timeout time.Duration) ([]byte, []*os.File, error) {
 	return nil, nil, errUnsupported
 }
-func (t *Taker) Confirm() error     { return errUnsupported }
-func (t *Taker) Fail(reason string) {}
-func (t *Taker) Close()             {}
+func (t *Taker) Confirm(timeout time.Duration) error { return errUnsupported }
+func (t *Taker) Fail(reason string)                  {}
+func (t *Taker) Close()                              {}

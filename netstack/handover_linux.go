@@ -8,6 +8,7 @@ package netstack
 // it meanwhile as they were.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/userproxy/userproxy/conntrack"
@@ -126,14 +128,20 @@ func (t *TranslatedFlow) Detach() (MovedTCP, error) {
 	return m, nil
 }
 
-// Reattach starts a detached flow again (the handover failed).
+// Reattach starts a detached flow: again, when the handover failed, or
+// for the first time here, once the process it came from has committed
+// (AdoptTranslated). An ACK with the window the socket allows goes out,
+// then what the socket holds.
 func (t *TranslatedFlow) Reattach() {
+	defer t.contain()
 	t.f.Reattach()
 	if ch := t.attached.Swap(nil); ch != nil {
 		close(*ch)
 	}
-	t.syncTimers()
-	t.Readable()
+	t.f.Resume()
+	if t.syncTimers().Closed {
+		t.wake()
+	}
 }
 
 // Detached reports whether the flow was handed over, with the channel
@@ -154,7 +162,9 @@ func (t *TranslatedFlow) Context() context.Context { return t.r.x.st.ctx }
 // that the client's next segments find it; its owner then runs it as
 // Accept's (Readable, Writable, Forget). The flow's conntrack entry must be
 // restored first. own runs the flow, on a goroutine the stack's Close
-// waits for, as a handler's.
+// waits for, as a handler's. The flow starts detached: it sends nothing,
+// reads nothing and takes no segment until Reattach, which the caller
+// makes once the process it came from has committed to the handover.
 func (st *Stack) AdoptTranslated(tuple conntrack.Tuple, m MovedTCP, sock EndpointSocket, wake func(), waitWritable func(then func()), bytes *[2]atomic.Uint64, own func(*TranslatedFlow)) (*TranslatedFlow, error) {
 	x := &st.xl
 	g := st.gates[linkNIC]
@@ -187,6 +197,11 @@ func (st *Stack) AdoptTranslated(tuple conntrack.Tuple, m MovedTCP, sock Endpoin
 	if err != nil {
 		return nil, err
 	}
+	if _, err := f.Detach(); err != nil {
+		return nil, err
+	}
+	ch := make(chan struct{})
+	t.attached.Store(&ch)
 	t.f = f
 	t.timer = time.AfterFunc(time.Hour, t.onRTO)
 	t.timer.Stop()
@@ -197,8 +212,7 @@ func (st *Stack) AdoptTranslated(tuple conntrack.Tuple, m MovedTCP, sock Endpoin
 		return nil, fmt.Errorf("netstack: adopting %v: the tuple has a flow already", tuple)
 	}
 	x.n.Add(1)
-	t.f.Resume()
-	t.syncTimers()
+	wake() // the owner waits for Reattach
 	st.handlers.Add(1)
 	go func() { defer st.handlers.Done(); own(t) }()
 	return t, nil
@@ -220,7 +234,12 @@ func (st *Stack) HandOffHandshakes() [][]byte {
 		r.once.Do(func() {
 			r.release()
 			r.unregister()
-			out = append(out, r.raw)
+			// Its entry goes: if the handover fails, the client's next SYN
+			// is NEW again here and comes back to the translator.
+			r.g.ct.DeleteFlow(r.tuple, nil)
+			if p, ok := withTCPChecksum(r.raw); ok {
+				out = append(out, p)
+			}
 		})
 		return true
 	})
@@ -256,4 +275,35 @@ func (st *Stack) ResetMoved(tuple conntrack.Tuple, m MovedTCP) {
 	buf := make([]byte, w.IPLen()+header.TCPMinimumSize)
 	n := w.Build(buf, m.SndMax, m.RcvNxt, tcpRST|tcpACK, 0, nil, nil)
 	g.writeOwnSegment(buf[:n], proto)
+}
+
+// withTCPChecksum returns a copy of the IP packet p with its TCP checksum
+// complete: a packet read with offloads may carry a partial one (the
+// kernel's NEEDS_CSUM), which the next process, reading it untrusted,
+// would drop. It reports false for what is not a plain TCP packet.
+func withTCPChecksum(p []byte) ([]byte, bool) {
+	p = bytes.Clone(p)
+	var tcp header.TCP
+	var src, dst tcpip.Address
+	switch {
+	case len(p) >= header.IPv4MinimumSize && p[0]>>4 == 4:
+		ip := header.IPv4(p)
+		hl, total := int(ip.HeaderLength()), int(ip.TotalLength())
+		if ip.Protocol() != uint8(header.TCPProtocolNumber) || hl < header.IPv4MinimumSize || total > len(p) || total < hl+header.TCPMinimumSize {
+			return nil, false
+		}
+		tcp, src, dst = header.TCP(p[hl:total]), ip.SourceAddress(), ip.DestinationAddress()
+	case len(p) >= header.IPv6MinimumSize && p[0]>>4 == 6:
+		ip := header.IPv6(p)
+		total := header.IPv6MinimumSize + int(ip.PayloadLength())
+		if ip.NextHeader() != uint8(header.TCPProtocolNumber) || total > len(p) || total < header.IPv6MinimumSize+header.TCPMinimumSize {
+			return nil, false
+		}
+		tcp, src, dst = header.TCP(p[header.IPv6MinimumSize:total]), ip.SourceAddress(), ip.DestinationAddress()
+	default:
+		return nil, false
+	}
+	tcp.SetChecksum(0)
+	tcp.SetChecksum(^tcp.CalculateChecksum(header.PseudoHeaderChecksum(header.TCPProtocolNumber, src, dst, uint16(len(tcp)))))
+	return p, true
 }

@@ -126,9 +126,13 @@ type Proxy struct {
 	// detached are the flows DetachFlows stopped, for ReattachFlows
 	// (handover.go); only the handover's one goroutine touches it.
 	detached []mover
-	poller   atomic.Pointer[replyPoller] // UDP replies (udppoll_linux.go), while Run runs
-	runOnce  sync.Once
-	defrag   *conntrack.Reassembler
+	// adopted are the flows AdoptFlows took, for StartAdopted (the
+	// run's one goroutine; translated_linux.go).
+	adopted   []mover
+	unadopted []MovedFlow
+	poller    atomic.Pointer[replyPoller] // UDP replies (udppoll_linux.go), while Run runs
+	runOnce   sync.Once
+	defrag    *conntrack.Reassembler
 	// reopenGrace is how long a flow whose entry a SYN reopened may go on
 	// before the reaper ends it (flows.go, step 2): the TIME_WAIT timeout,
 	// on ctClock, the conntrack table's clock.

@@ -159,33 +159,36 @@ func (x *xlOwner) run() {
 		err := rc.Read(func(uintptr) bool { return t.Readable() })
 		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Abort()
+			break
 		}
-		if err == nil {
+		if err == nil || t.Ended() {
 			continue
 		}
+		// Woken, the flow not over: it was detached for a handover (and
+		// may be attached again already, the handover failed).
 		if detached, attached := t.Detached(); detached {
 			select {
 			case <-attached:
-				_ = hc.SetReadDeadline(time.Time{})
-				continue
 			case <-t.Context().Done():
 				return // the next process's now: its socket is left as it is
 			}
 		}
-		break
+		_ = hc.SetReadDeadline(time.Time{})
 	}
 	_ = hc.Close()
 }
 
-// detach implements mover.
+// detach implements mover: the flow stops first, then its entry is saved,
+// so that the entry has seen every segment the flow sent.
 func (x *xlOwner) detach() (MovedFlow, int, error) {
-	saved, ok := x.p.ct.Save(x.tuple)
-	if !ok {
-		return MovedFlow{}, 0, errors.New("proxy: the flow's conntrack entry is gone")
-	}
 	m, err := x.t.Detach()
 	if err != nil {
 		return MovedFlow{}, 0, err
+	}
+	saved, ok := x.p.ct.Save(x.tuple)
+	if !ok {
+		x.t.Reattach() // its end comes as for any flow whose entry went
+		return MovedFlow{}, 0, errors.New("proxy: the flow's conntrack entry is gone")
 	}
 	return MovedFlow{Entry: saved, TCP: m, Endpoint: x.f.Endpoint, ServicePort: x.f.ServicePort}, x.hc.fd, nil
 }
@@ -199,25 +202,25 @@ func (x *xlOwner) forget() { x.p.untrack(x.f) }
 // AdoptFlows takes the translated flows the previous process handed over
 // (moved, with their sockets in files at the same index) into st: each
 // flow's conntrack entry is restored, its TCP registered under its tuple,
-// and an owner runs it as if it had been accepted here. A flow that cannot
+// and an owner runs it as if it had been accepted here, once
+// StartAdopted says the previous process has committed (until then the
+// flows are detached: nothing goes out). A flow that cannot
 // be adopted is reset (its socket closed with a RST; the client's next
-// segment meets the gate with no entry) and its client sent a RST; the
-// files are this process's either way. It returns how many were adopted.
+// segment meets the gate with no entry) and its client sent a RST by
+// StartAdopted; the files are this process's either way. It returns how many were adopted.
 func (p *Proxy) AdoptFlows(st *netstack.Stack, moved []MovedFlow, files []*os.File) (int, error) {
 	if len(moved) != len(files) {
 		for _, f := range files {
 			_ = f.Close()
 		}
-		for _, m := range moved {
-			st.ResetMoved(m.Entry.Original, m.TCP)
-		}
+		p.unadopted = append(p.unadopted, moved...)
 		return 0, fmt.Errorf("proxy: %d flows handed over with %d sockets", len(moved), len(files))
 	}
 	var errs []error
 	n := 0
 	for i, m := range moved {
 		if err := p.adopt(st, m, files[i]); err != nil {
-			st.ResetMoved(m.Entry.Original, m.TCP)
+			p.unadopted = append(p.unadopted, m)
 			errs = append(errs, fmt.Errorf("%v: %w", m.Entry.Original, err))
 			continue
 		}
@@ -258,5 +261,19 @@ func (p *Proxy) adopt(st *netstack.Stack, m MovedFlow, file *os.File) error {
 	}
 	x.t = t
 	close(ready)
+	p.adopted = append(p.adopted, x)
 	return nil
+}
+
+// StartAdopted starts the flows AdoptFlows took, and resets the clients
+// of those it could not take: the process they came from has committed to
+// the handover (before, it might take them back).
+func (p *Proxy) StartAdopted(st *netstack.Stack) {
+	for _, m := range p.adopted {
+		m.reattach()
+	}
+	for _, m := range p.unadopted {
+		st.ResetMoved(m.Entry.Original, m.TCP)
+	}
+	p.adopted, p.unadopted = nil, nil
 }

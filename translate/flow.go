@@ -75,7 +75,8 @@ type Flow struct {
 	orderly bool // closed by both FINs, not by a reset
 	// detached: the flow was handed to the next process (Detach): every
 	// entry point does nothing, until Reattach if the handover failed.
-	detached bool
+	// abortDue: Abort was called meanwhile; Reattach does it then.
+	detached, abortDue bool
 
 	// Receive (client -> endpoint).
 	irs      uint32
@@ -431,7 +432,8 @@ func (f *Flow) Abort() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.detached {
-		return // the next process's now: not ours to reset
+		f.abortDue = true // the next process's, unless the handover fails
+		return
 	}
 	f.close(true)
 }

@@ -81,11 +81,33 @@ func (f *Flow) Detach() (Moved, error) {
 	return m, err
 }
 
-// Reattach starts a detached flow again where it stopped.
+// Reattach starts a detached flow again where it stopped: the socket's
+// peek offset is set again (the next process may have moved it before it
+// gave up), and an Abort that came meanwhile is done now.
 func (f *Flow) Reattach() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if !f.detached {
+		return
+	}
 	f.detached = false
+	if f.abortDue {
+		f.close(true)
+		return
+	}
+	if f.state == stateClosed {
+		return
+	}
+	peek := f.sndNxt
+	if f.finSeen && peek == f.sndMax {
+		peek--
+	}
+	if f.state == stateSynRcvd {
+		peek = f.sndUna
+	}
+	if err := f.sock.SetPeekOffset(int(peek - f.sndUna)); err != nil {
+		f.close(true)
+	}
 }
 
 func (f *Flow) export() (Moved, error) {

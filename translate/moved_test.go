@@ -185,7 +185,8 @@ func TestRestoreRefuses(t *testing.T) {
 // TestFlowDetached: a detached flow (handed to the next process) does
 // nothing, whatever its old owner still calls: no segment out, no byte
 // written to or taken from the socket, no reset; once reattached (the
-// handover failed) it goes on.
+// handover failed) it goes on, its peek offset set again; an Abort that
+// came while it was detached is done at the reattach.
 func TestFlowDetached(t *testing.T) {
 	h := newHarnessLink(t, Segment{mss: 100, ws: 7, sackOK: true, wnd: 65535}, 1460, false)
 	h.established(65535)
@@ -204,16 +205,26 @@ func TestFlowDetached(t *testing.T) {
 	h.now = h.now.Add(time.Second)
 	h.f.OnRTO()
 	h.f.FlushAck()
-	h.f.Abort()
 	if out := h.take(); len(out) > 0 || len(h.sock.written) > 0 || len(h.sock.queue) != 304 || h.sock.aborted || h.f.Ended() {
 		t.Fatalf("detached: %d segments out, %d bytes written, %d queued, aborted %v", len(out), len(h.sock.written), len(h.sock.queue), h.sock.aborted)
 	}
 	if st := h.f.State(); st.RTO || st.Ack || st.Closed {
 		t.Fatalf("a detached flow asks for %+v", st)
 	}
+	h.sock.peekOff = 0 // as a next process that gave up may leave it
 	h.f.Reattach()
+	if h.sock.aborted || h.f.Ended() {
+		t.Fatal("reattached: ended")
+	}
 	h.f.Readable()
-	if got := payloads(h.take()); len(got) == 0 {
-		t.Fatal("reattached: nothing sent")
+	if got := payloads(h.take()); len(got) == 0 || got[0] != [2]uint32{300, 4} {
+		t.Fatalf("reattached: sent %v; want the 4 bytes after the 300 in flight", got)
+	}
+
+	h.f.Detach()
+	h.f.Abort()
+	h.f.Reattach()
+	if out := h.take(); len(out) != 1 || out[0].flags&tcpRST == 0 || !h.sock.aborted {
+		t.Fatalf("an Abort while detached, then reattached: %+v, socket aborted %v; want the reset", out, h.sock.aborted)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -44,8 +45,9 @@ func otherUserproxyBinary(t *testing.T) string {
 }
 
 // TestBinaryHandover: a running proxy hands its TUN and its translated TCP
-// flows to a second binary started with --take-over, which exits 0 once
-// the new one confirms. Long-lived streams through a ClusterIP move bytes
+// flows to a second binary started with --take-over, and exits 0 once the
+// new one confirms; before that, a taker that fails after the state was
+// sent leaves it serving, its flows taken back. Long-lived streams through a ClusterIP move bytes
 // both ways throughout, each byte checked as it comes back from an echo
 // endpoint; none sees a reset, an early EOF or a wrong byte, and each moves
 // bytes after the handover; a client opening short connections all the
@@ -150,6 +152,30 @@ func TestBinaryHandover(t *testing.T) {
 	}()
 	time.Sleep(time.Second)
 
+	// A taker that fails after the state was sent (another --tun-name):
+	// the old process takes its flows back and serves on.
+	failed := startProc(t, args(binB, "--take-over", "--tun-name", "upxother0")...)
+	select {
+	case err := <-failed.exited:
+		var ee interface{ ExitCode() int }
+		if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+			t.Fatalf("a taker of another device exited with %v, want a non-zero status", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a failing taker did not exit within 30 s")
+	}
+	if !regexp.MustCompile(`reads TUN device "upxho0", --tun-name is "upxother0"`).MatchString(failed.output()) {
+		t.Errorf("the failing taker does not say why:\n%s", failed.output())
+	}
+	servesOn := regexp.MustCompile(`"msg":"handover failed: serving on"`)
+	for deadline := time.Now().Add(15 * time.Second); !servesOn.MatchString(old.output()); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the old process does not say it serves on:\n%s", old.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+
 	before := make([]int64, streams)
 	for i := range before {
 		before[i] = moved[i].Load()
@@ -167,6 +193,13 @@ func TestBinaryHandover(t *testing.T) {
 		t.Fatal("the old process did not exit within 30 s of the taker's start")
 	}
 	b.waitHealthy(taker)
+	if _, body, err := b.get("/metrics"); err != nil {
+		t.Error(err)
+	} else if m := regexp.MustCompile(`(?m)^userproxy_handover_taken_flows\{result="moved"\} (\d+)$`).FindStringSubmatch(body); m == nil {
+		t.Error("the taker's metrics have no userproxy_handover_taken_flows")
+	} else if n, _ := strconv.Atoi(m[1]); n < streams {
+		t.Errorf("the taker's metrics count %d flows moved, fewer than the %d streams", n, streams)
+	}
 	time.Sleep(2 * time.Second)
 	stop.Store(true)
 	wg.Wait()

@@ -29,6 +29,7 @@ import (
 type adminDeps struct {
 	// takingOver: the proxy taken over holds the address until it exits.
 	takingOver bool
+	handover   *handoverStats
 	ct         *conntrack.Table
 	defrag     *conntrack.Reassembler
 	px         *proxy.Proxy
@@ -141,6 +142,11 @@ func registerMetrics(reg prometheus.Registerer, d adminDeps, sources admin.Sourc
 		// kubeproxy_proxy_healthz_total, _livez_total
 		if err := reg.Register(d.proxierHealth); err != nil {
 			return fmt.Errorf("admin: registering the health answers: %w", err)
+		}
+	}
+	if d.handover != nil {
+		if err := d.handover.register(reg); err != nil {
+			return err
 		}
 	}
 	if d.rest != nil {

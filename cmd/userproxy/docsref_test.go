@@ -157,6 +157,7 @@ func TestMetricsReference(t *testing.T) {
 		conflicts:     newConflicts(nil, "upx0", nil, nil),
 		proxierHealth: admin.NewProxierHealth(trackerStats{}, nil, false, 0, nil),
 		rest:          newRESTClientMetrics(),
+		handover:      &handoverStats{},
 	}
 	r := &describer{names: map[string]bool{}}
 	if err := registerMetrics(r, d, sources); err != nil {

@@ -8,17 +8,20 @@ package main
 //     readers, detaches its translated flows and sends its TUN queues,
 //     their sockets and a snapshot (snapshot.go).
 //  3. The new one opens its link on the queues it received, builds its
-//     stack, adopts the flows, resumes reading and confirms; only then does
-//     the old one end: it leaves the device, its routes and the moved
-//     flows' sockets to the new one, resets the flows that could not move,
-//     and exits 0. Any failure before the confirmation leaves the old one
-//     serving: it reattaches its flows and reads again.
+//     stack and adopts the flows, all without acting on them (no packet
+//     read, no segment sent), and confirms. The old one commits: it leaves
+//     the device, its routes and the moved flows' sockets to the new one,
+//     resets the flows that could not move, and exits 0. Only on the
+//     commit does the new one act: it starts the flows and its readers.
+//     Any failure before the confirmation leaves the old one serving: it
+//     reattaches its flows and reads again.
 
 import (
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -46,6 +49,10 @@ type takeover struct {
 	queues []*os.File
 	socks  []*os.File
 	start  time.Time // when the state was asked for: the pause began about then
+	// committed: the old process committed; this one serves. Until
+	// then every failure tells the old one to serve on (fail).
+	committed bool
+	failOnce  sync.Once
 }
 
 // takeOver dials the running process at path; it returns nil, nil when
@@ -79,24 +86,34 @@ func takeOver(path string, logger *zap.Logger) (*takeover, error) {
 	return &takeover{taker: tk, link: l, flows: flows, syns: syns, queues: files[:l.queues], socks: files[l.queues:], start: start}, nil
 }
 
-// fail tells the old process to serve on, and closes what was received.
+// fail tells the old process to serve on, once, and closes what was
+// received and not handed on (adoptTUN and adoptFlows take theirs).
 func (to *takeover) fail(err error) {
-	to.taker.Fail(err.Error())
-	for _, f := range append(to.queues, to.socks...) {
-		_ = f.Close()
+	if to == nil || to.committed {
+		return
 	}
+	to.failOnce.Do(func() {
+		to.taker.Fail(err.Error())
+		for _, f := range append(to.queues, to.socks...) {
+			_ = f.Close()
+		}
+	})
 }
 
-// adoptTUN makes the run's device of the queues received: the old
-// process's routes become this one's to remove (when it created the
-// device, they go with it anyway).
-// Service CIDRs this process routes that the old one did not are added.
-func adoptTUN(to *takeover, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
+// adoptTUN makes the run's device of the queues received. The old
+// process's routes become this one's to remove once it commits (before,
+// a failure here must leave them to it); service CIDRs this process
+// routes that the old one did not are added.
+func adoptTUN(to *takeover, name string, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevice, error) {
 	l := to.link
+	if l.name != name {
+		return nil, fmt.Errorf("the running proxy reads TUN device %q, --tun-name is %q", l.name, name)
+	}
 	link, err := netstack.AdoptTUN(l.name, to.queues, l.mtu, l.vnet)
 	if err != nil {
 		return nil, err
 	}
+	to.queues = nil // the link's
 	d := &tunDevice{link: link, name: l.name, created: l.created, logger: logger}
 	if len(l.routes) > 0 {
 		nl, err := netlink.LinkByName(l.name)
@@ -105,7 +122,7 @@ func adoptTUN(to *takeover, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevic
 			return nil, fmt.Errorf("device %q: %w", l.name, err)
 		}
 		for _, p := range l.routes {
-			d.routes = append(d.routes, netlink.Route{LinkIndex: nl.Attrs().Index, Dst: prefixNet(p)})
+			d.inherited = append(d.inherited, netlink.Route{LinkIndex: nl.Attrs().Index, Dst: prefixNet(p)})
 		}
 	}
 	if err := d.addRoutes(cidrs); err != nil {
@@ -120,16 +137,18 @@ func adoptTUN(to *takeover, cidrs []netip.Prefix, logger *zap.Logger) (*tunDevic
 // one confirms, then reports on done.
 type handoverServer struct {
 	srv    *handover.Server
+	served chan struct{} // closed when serve returns
 	st     *netstack.Stack
 	tun    *tunDevice
 	px     *proxy.Proxy
+	stats  *handoverStats
 	logger *zap.Logger
 	done   chan struct{} // closed once a taker confirmed
 }
 
 // listenHandover opens the handover socket; a failure is logged (the proxy
 // serves without handovers), not fatal.
-func listenHandover(path string, st *netstack.Stack, tun *tunDevice, px *proxy.Proxy, logger *zap.Logger) *handoverServer {
+func listenHandover(path string, st *netstack.Stack, tun *tunDevice, px *proxy.Proxy, stats *handoverStats, logger *zap.Logger) *handoverServer {
 	if path == "" {
 		return nil
 	}
@@ -138,7 +157,7 @@ func listenHandover(path string, st *netstack.Stack, tun *tunDevice, px *proxy.P
 		logger.Warn("no handover socket: a restart will reset the flows", zap.Error(err))
 		return nil
 	}
-	h := &handoverServer{srv: srv, st: st, tun: tun, px: px, logger: logger, done: make(chan struct{})}
+	h := &handoverServer{srv: srv, served: make(chan struct{}), st: st, tun: tun, px: px, stats: stats, logger: logger, done: make(chan struct{})}
 	go h.serve()
 	return h
 }
@@ -151,15 +170,19 @@ func (h *handoverServer) Done() <-chan struct{} {
 	return h.done
 }
 
-// Close stops listening.
+// Close stops listening, and waits for an offer under way to end (within
+// its bounds): its failure resumes the TUN's readers, which must not
+// happen once the stack is closing.
 func (h *handoverServer) Close() {
 	if h != nil {
 		_ = h.srv.Close()
+		<-h.served
 	}
 }
 
-// serve answers takers, one at a time, until one takes over.
+// serve answers takers, one at a time, until one takes over or Close.
 func (h *handoverServer) serve() {
+	defer close(h.served)
 	for o := range h.srv.Offers() {
 		if h.offer(o) {
 			close(h.done)
@@ -199,6 +222,7 @@ func (h *handoverServer) offer(o *handover.Offer) bool {
 		o.Refuse(err.Error())
 	}
 	if err != nil {
+		h.stats.failed.Add(1)
 		h.px.ReattachFlows()
 		h.tun.link.ResumeReads()
 		log.Warn("handover failed: serving on", zap.Error(err), zap.Int("flows", len(moved)), zap.Duration("paused", time.Since(paused)))
@@ -212,22 +236,39 @@ func (h *handoverServer) offer(o *handover.Offer) bool {
 	return true
 }
 
-// adoptFlows takes the flows handed over into the new stack, whose link's
-// readers wait meanwhile (AdoptTUN: a client segment must find its flow),
-// then starts them and confirms: the old process exits, and this one
-// serves. A confirmation that does not reach the old process ends this
-// one, which then leaves the device to the old one again.
-func adoptFlows(to *takeover, tun *tunDevice, st *netstack.Stack, px *proxy.Proxy, logger *zap.Logger) error {
+// adoptFlows takes the flows handed over into the new stack, detached,
+// and confirms. On the old process's commit it starts them, reads the
+// SYNs handed over and starts the link's readers (AdoptTUN left them
+// waiting: a client segment must find its flow); this process serves.
+// Without the commit, the old process serves on: this one ends, having
+// sent nothing and read nothing.
+func adoptFlows(to *takeover, tun *tunDevice, st *netstack.Stack, px *proxy.Proxy, stats *handoverStats, logger *zap.Logger) error {
 	n, err := px.AdoptFlows(st, to.flows, to.socks)
+	to.socks = nil // the proxy's
 	if err != nil {
 		logger.Warn("flows handed over that could not be taken: reset", zap.Error(err))
 	}
-	st.DeliverInbound(to.syns)
-	tun.link.ResumeReads()
-	if err := to.taker.Confirm(); err != nil {
+	if err := to.taker.Confirm(handoverConfirmWait); err != nil {
+		to.committed = true // nothing to tell it any more
 		return fmt.Errorf("taking over: %w", err)
 	}
+	to.committed = true
+	tun.commit()
+	px.StartAdopted(st)
+	st.DeliverInbound(to.syns)
+	tun.link.ResumeReads()
+	pause := time.Since(to.start)
+	stats.takenMoved.Store(uint64(n))
+	stats.takenReset.Store(uint64(len(to.flows) - n))
+	stats.takenPause.Store(int64(pause))
 	logger.Info("took over", zap.Int("from", to.taker.ServerPID), zap.Int("flowsMoved", n),
-		zap.Int("flowsReset", len(to.flows)-n), zap.Duration("paused", time.Since(to.start)))
+		zap.Int("flowsReset", len(to.flows)-n), zap.Int("syns", len(to.syns)), zap.Duration("paused", pause))
 	return nil
+}
+
+// commit makes the routes inherited from the process taken over this
+// one's: it has committed to the handover.
+func (d *tunDevice) commit() {
+	d.routes = append(d.routes, d.inherited...)
+	d.inherited = nil
 }

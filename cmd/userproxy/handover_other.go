@@ -15,7 +15,7 @@ import (
 	"github.com/userproxy/userproxy/proxy"
 )
 
-type takeover struct{}
+type takeover struct{ committed bool }
 
 func takeOver(string, *zap.Logger) (*takeover, error) {
 	return nil, errors.New("--take-over: handing a proxy over needs Linux")
@@ -23,17 +23,17 @@ func takeOver(string, *zap.Logger) (*takeover, error) {
 
 func (*takeover) fail(error) {}
 
-func adoptTUN(*takeover, []netip.Prefix, *zap.Logger) (*tunDevice, error) {
+func adoptTUN(*takeover, string, []netip.Prefix, *zap.Logger) (*tunDevice, error) {
 	return nil, errors.New("handing a proxy over needs Linux")
 }
 
-func adoptFlows(*takeover, *tunDevice, *netstack.Stack, *proxy.Proxy, *zap.Logger) error {
+func adoptFlows(*takeover, *tunDevice, *netstack.Stack, *proxy.Proxy, *handoverStats, *zap.Logger) error {
 	return errors.New("handing a proxy over needs Linux")
 }
 
 type handoverServer struct{}
 
-func listenHandover(string, *netstack.Stack, *tunDevice, *proxy.Proxy, *zap.Logger) *handoverServer {
+func listenHandover(string, *netstack.Stack, *tunDevice, *proxy.Proxy, *handoverStats, *zap.Logger) *handoverServer {
 	return nil
 }
 

@@ -440,6 +440,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	srcCtx, cancelSrc := context.WithCancel(ctx)
 	defer func() { cancelSrc(); srcWG.Wait() }()
 	var to *takeover
+	hoStats := &handoverStats{}
 	if f.takeOver {
 		srcWG.Add(1)
 		go func() { defer srcWG.Done(); srcErr <- src.Run(srcCtx) }()
@@ -456,7 +457,10 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	}
 	var tun *tunDevice
 	if to != nil {
-		if tun, err = adoptTUN(to, f.serviceCIDRs.values, logger.Named("tun")); err != nil {
+		// Until the old process commits, every way out tells it to serve
+		// on (takeover.fail does nothing once it has committed).
+		defer to.fail(errors.New("the new process ended before taking over"))
+		if tun, err = adoptTUN(to, f.tunName, f.serviceCIDRs.values, logger.Named("tun")); err != nil {
 			to.fail(err)
 			return fmt.Errorf("taking over: %w", err)
 		}
@@ -481,7 +485,9 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	if responder != nil {
 		revert := configureHostDNS(hostDNS{tun: tun.name, ip: f.dns.addr, domain: f.dns.domain, enabled: f.dns.hostConfig}, logger.Named("dns"))
 		defer func() {
-			if !tun.handedOver { // the next process's configuration now
+			// Not once handed over (the next process's now), nor after a
+			// takeover that failed (the old process's still).
+			if !tun.handedOver && (to == nil || to.committed) {
 				revert()
 			}
 		}()
@@ -504,7 +510,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	defer st.Close() // runs before tun.close: flows end, then routes go
 	st.SetFlowHandler(px)
 	if to != nil {
-		if err := adoptFlows(to, tun, st, px, logger.Named("handover")); err != nil {
+		if err := adoptFlows(to, tun, st, px, hoStats, logger.Named("handover")); err != nil {
 			return err
 		}
 		if healthLn, err = listenTakingOver(f.healthzAddr); err != nil {
@@ -556,7 +562,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 
 	// 4. The admin server.
 	if f.adminAddr != "" {
-		stopAdmin, err := startAdmin(ctx, f.adminAddr, f.controlSocket, adminDeps{takingOver: to != nil, proxyMode: proxyModeOf(f), configz: f.configz, ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts, proxierHealth: proxierHealth,
+		stopAdmin, err := startAdmin(ctx, f.adminAddr, f.controlSocket, adminDeps{takingOver: to != nil, handover: hoStats, proxyMode: proxyModeOf(f), configz: f.configz, ct: ct, defrag: defrag, px: px, st: st, tracker: tracker, src: src, firstSync: firstSync, dns: responder, profiling: f.profiling, nodePorts: nodePorts, proxierHealth: proxierHealth,
 			rest: rest, families: servedFamilies(f.serviceCIDRs.values), dial: dialView(f.via, px, pf), pf: pf,
 			rules:     rulesOptions(f, npAddrs),
 			conflicts: cf, clusterDomain: f.dns.domain,
@@ -568,7 +574,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		}
 		defer stopAdmin()
 	}
-	ho := listenHandover(f.handoverSocket, st, tun, px, logger.Named("handover"))
+	ho := listenHandover(f.handoverSocket, st, tun, px, hoStats, logger.Named("handover"))
 	defer ho.Close()
 	logger.Info("userproxy running", zap.String("tun", tun.name), zap.Stringer("serviceCIDRs", &f.serviceCIDRs),
 		zap.String("node", f.nodeName), zap.String("admin", f.adminAddr), zap.Stringer("dialVia", f.via), f.dns.field())

@@ -18,6 +18,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/userproxy/userproxy/conntrack"
@@ -70,6 +71,7 @@ func encodeSnapshot(l linkState, flows []proxy.MovedFlow, syns [][]byte) []byte 
 			encodeFlow(e, &flows[i])
 		}
 	})
+	syns = slices.DeleteFunc(slices.Clone(syns), func(p []byte) bool { return len(p) > maxSYN }) // with data: the client sends it again
 	s.Section(sectionSYNs, func(e *handover.Enc) {
 		e.U32(uint32(len(syns)))
 		for _, p := range syns {
@@ -149,11 +151,18 @@ func decodeSnapshot(b []byte) (linkState, []proxy.MovedFlow, [][]byte, error) {
 	d = handover.NewDec(secs[sectionFlows])
 	n := d.Count(64)
 	flows := make([]proxy.MovedFlow, 0, n)
+	seen := make(map[conntrack.Tuple]bool, n)
 	for range n {
-		flows = append(flows, decodeFlow(d))
+		f := decodeFlow(d)
 		if d.Err() != nil {
 			break
 		}
+		if seen[f.Entry.Original] {
+			d.Fail("flow %v twice", f.Entry.Original)
+			break
+		}
+		seen[f.Entry.Original] = true
+		flows = append(flows, f)
 	}
 	if err := d.End(); err != nil {
 		return linkState{}, nil, nil, fmt.Errorf("flows section: %w", err)

@@ -73,6 +73,9 @@ func TestSnapshotDecodeRefuses(t *testing.T) {
 	if _, _, _, err := decodeSnapshot(encodeSnapshot(bad, flows, nil)); !errors.Is(err, handover.ErrCorrupt) {
 		t.Errorf("no queues: %v", err)
 	}
+	if _, _, _, err := decodeSnapshot(encodeSnapshot(l, []proxy.MovedFlow{flows[0], flows[0]}, nil)); !errors.Is(err, handover.ErrCorrupt) {
+		t.Errorf("a flow twice: %v", err)
+	}
 	udp := flows[0]
 	udp.Entry.Original = conntrack.MakeTuple(conntrack.UDP, udp.Entry.Original.Src(), udp.Entry.Original.Dst())
 	if _, _, _, err := decodeSnapshot(encodeSnapshot(l, []proxy.MovedFlow{udp}, nil)); !errors.Is(err, handover.ErrCorrupt) {

@@ -5,9 +5,13 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // takeOverListenWait bounds the wait for a port the old process holds
@@ -34,4 +38,39 @@ func retryTaken(listen func() (net.Listener, error)) (net.Listener, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// handoverStats are the handover's metrics: what this process took over
+// when it started, and the handovers it offered that failed (it serves
+// on after those). A handover that succeeds ends the process that offered
+// it: the taker's figures tell of it.
+type handoverStats struct {
+	takenMoved, takenReset atomic.Uint64
+	takenPause             atomic.Int64 // nanoseconds
+	failed                 atomic.Uint64
+}
+
+// register registers the metrics on reg.
+func (h *handoverStats) register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "userproxy_handover_taken_flows", Help: "Flows this process took over from the one it replaced (run --take-over): moved, or reset because they could not be adopted.",
+			ConstLabels: prometheus.Labels{"result": "moved"},
+		}, func() float64 { return float64(h.takenMoved.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "userproxy_handover_taken_flows", Help: "Flows this process took over from the one it replaced (run --take-over): moved, or reset because they could not be adopted.",
+			ConstLabels: prometheus.Labels{"result": "reset"},
+		}, func() float64 { return float64(h.takenReset.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "userproxy_handover_taken_pause_seconds", Help: "The pause of the handover this process started from: from its request for the state to its confirmation (0 after a clean start).",
+		}, func() float64 { return time.Duration(h.takenPause.Load()).Seconds() }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "userproxy_handovers_failed_total", Help: "Handovers this process offered that failed before the taker's confirmation; it served on after each.",
+		}, func() float64 { return float64(h.failed.Load()) }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("admin: registering the handover metrics: %w", err)
+		}
+	}
+	return nil
 }

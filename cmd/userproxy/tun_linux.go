@@ -27,7 +27,10 @@ type tunDevice struct {
 	// handedOver: the device and its routes are the next process's
 	// (handover_linux.go); nothing of them is removed here.
 	handedOver bool
-	logger     *zap.Logger
+	// inherited are the routes the process taken over from added: this
+	// one's to remove once that process has committed (commit).
+	inherited []netlink.Route
+	logger    *zap.Logger
 	// The portable path (--tun-portable): routes by ip(8) commands, as
 	// macOS's by route(8), and those run added.
 	cmds      routeCommands

@@ -14,6 +14,7 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -299,6 +300,10 @@ func (s *Server) configz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write(body)
 }
 
+// ErrControlServed is ListenControl's refusal of a socket a running proxy
+// answers on.
+var ErrControlServed = errors.New("another userproxy is serving it")
+
 // ListenControl binds the control socket at path, a unix socket only its
 // owner may use (mode 0600, in a directory made 0700 if missing): it
 // serves what changes the proxy's state. A socket file left by a proxy
@@ -309,7 +314,7 @@ func (s *Server) ListenControl(path string) (net.Listener, error) {
 	}
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		_ = c.Close()
-		return nil, fmt.Errorf("control socket %s: another userproxy is serving it (stop it, or give this one another --control-socket)", path)
+		return nil, fmt.Errorf("control socket %s: %w (stop it, or give this one another --control-socket)", path, ErrControlServed)
 	}
 	_ = os.Remove(path) // a stale socket file
 	old := syscall.Umask(0o177)

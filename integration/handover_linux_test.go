@@ -61,13 +61,14 @@ func TestBinaryHandover(t *testing.T) {
 	cfg := filepath.Join(dir, "services.yaml")
 	writeFile(t, cfg, quickConfig(ep, b.udpEcho()))
 	sock := filepath.Join(dir, "run", "upxho0.handover")
+	control := filepath.Join(dir, "run", "upxho0.sock")
 	// Translated flows on Linux's own TUN path, whatever the pass of
 	// `make unit` (USERPROXY_TCP_TRANSLATE=0, USERPROXY_TUN=portable):
 	// those are what moves (docs/handover.md).
 	args := func(bin string, extra ...string) []string {
 		return append([]string{"ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxho0",
 			"--tcp-translate=true", "--tun-portable=false",
-			"--handover-socket", sock, "--control-socket", "none", "--min-sync-period", "0", "--log-level", "debug"}, extra...)
+			"--handover-socket", sock, "--control-socket", control, "--min-sync-period", "0", "--log-level", "debug"}, extra...)
 	}
 	old := startProc(t, args(binA)...)
 	b.waitHealthy(old)
@@ -193,6 +194,22 @@ func TestBinaryHandover(t *testing.T) {
 		t.Fatal("the old process did not exit within 30 s of the taker's start")
 	}
 	b.waitHealthy(taker)
+	// The control socket is the taker's (the old process removed only its
+	// own file), and it answers.
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		c, err := net.Dial("unix", control)
+		if err == nil {
+			_ = c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the taker's control socket: %v\n%s", err, taker.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if regexp.MustCompile(`no control socket`).MatchString(taker.output()) {
+		t.Errorf("the taker serves no control socket:\n%s", taker.output())
+	}
 	if _, body, err := b.get("/metrics"); err != nil {
 		t.Error(err)
 	} else if m := regexp.MustCompile(`(?m)^userproxy_handover_taken_flows\{result="moved"\} (\d+)$`).FindStringSubmatch(body); m == nil {

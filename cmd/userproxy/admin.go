@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/userproxy/userproxy/admin"
 	"github.com/userproxy/userproxy/clusterdns"
@@ -243,17 +244,31 @@ func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *
 		cc.Control = true
 		ctl := admin.New(cc)
 		cln, err := ctl.ListenControl(control)
+		if d.takingOver {
+			// The process taken over serves it until it exits.
+			for deadline := time.Now().Add(takeOverListenWait); errors.Is(err, admin.ErrControlServed) && time.Now().Before(deadline); {
+				time.Sleep(20 * time.Millisecond)
+				cln, err = ctl.ListenControl(control)
+			}
+		}
 		if err != nil {
 			// Not fatal: the proxy serves; only the flush is missing.
 			logger.Warn("no control socket: userproxy conntrack flush cannot reach this proxy", zap.Error(err))
 		} else {
 			servers++
+			var ours unix.Stat_t
+			_ = unix.Stat(control, &ours)
 			go func() {
 				defer func() { done <- struct{}{} }()
 				if err := ctl.ServeListener(ctx, cln); err != nil {
 					logger.Error("control socket stopped", zap.Error(err))
 				}
-				_ = os.Remove(control)
+				// Removed unless another process's socket took the path
+				// (the one that took over from this one).
+				var now unix.Stat_t
+				if unix.Stat(control, &now) == nil && now.Ino == ours.Ino && now.Dev == ours.Dev {
+					_ = os.Remove(control)
+				}
 			}()
 		}
 	}

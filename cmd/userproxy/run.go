@@ -583,6 +583,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	select {
 	case <-ctx.Done():
 		logger.Info("shutting down: draining flows", zap.Int("flows", px.Flows()))
+		ho.Close() // no taker while draining; its socket file goes now, before a second signal's exit
 	case err := <-srcErr:
 		if err != nil {
 			return fmt.Errorf("source: %w", err)

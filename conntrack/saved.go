@@ -30,23 +30,17 @@ type Saved struct {
 }
 
 // Save returns the live entry of orig, saved.
-func (t *Table) Save(orig Tuple) (Saved, bool) {
-	now := t.clock.Now()
-	sh, h := t.locate(&orig)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := sh.idx.get(&orig, h)
-	if e == nil || now >= e.expires {
-		return Saved{}, false
-	}
-	s := Saved{
-		Original: e.key, Status: e.status, Packets: e.packets, Bytes: e.bytes,
-		Age: time.Duration(now - e.created), Idle: time.Duration(now - e.lastSeen), Timeout: time.Duration(e.expires - now),
-	}
-	if e.key.proto == TCP {
-		e.tcp.put(&s.TCP)
-	}
-	return s, true
+func (t *Table) Save(orig Tuple) (s Saved, ok bool) {
+	ok = t.withLive(orig, func(e *entry, now int64) {
+		s = Saved{
+			Original: e.key, Status: e.status, Packets: e.packets, Bytes: e.bytes,
+			Age: time.Duration(now - e.created), Idle: time.Duration(now - e.lastSeen), Timeout: time.Duration(e.expires - now),
+		}
+		if e.key.proto == TCP {
+			e.tcp.put(&s.TCP)
+		}
+	})
+	return s, ok
 }
 
 // put writes c into b, field by field.

@@ -479,16 +479,24 @@ func (t *Table) Bind(orig Tuple, b *Binding) bool {
 }
 
 // Get returns a snapshot of the live entry of the flow orig.
-func (t *Table) Get(orig Tuple) (EntryInfo, bool) {
+func (t *Table) Get(orig Tuple) (info EntryInfo, ok bool) {
+	ok = t.withLive(orig, func(e *entry, now int64) { info = snapshot(e, now) })
+	return info, ok
+}
+
+// withLive calls read with the live entry of orig, under its shard's lock,
+// and reports whether there was one.
+func (t *Table) withLive(orig Tuple, read func(e *entry, now int64)) bool {
 	now := t.clock.Now()
 	sh, h := t.locate(&orig)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.idx.get(&orig, h)
 	if e == nil || now >= e.expires {
-		return EntryInfo{}, false
+		return false
 	}
-	return snapshot(e, now), true
+	read(e, now)
+	return true
 }
 
 // Len returns the number of entries, including expired ones not yet swept.

@@ -518,3 +518,34 @@ func TestFlowTimerNeverSpins(t *testing.T) {
 		t.Fatalf("64 firings of the timer in %v: it spins", clock)
 	}
 }
+
+// TestFlowFastRetransmitPast2GiB: a flow that has sent 2 GiB without a
+// loss still retransmits on three duplicate ACKs (RFC 5681 3.2). recover
+// starts at the ISS (RFC 6582 3.2); left there, sequence space would wrap
+// it ahead of sndUna after 2 GiB and turn fast retransmit off for the
+// next 2 GiB, each loss left to a timeout.
+func TestFlowFastRetransmitPast2GiB(t *testing.T) {
+	h := newHarness(t, Segment{ws: -1, wnd: 65535})
+	h.established(4)
+	// As after 2 GiB less 100 bytes sent and acknowledged, no loss.
+	h.f.recover = h.f.sndUna - (1<<31 - 100)
+	una := h.f.sndUna
+	for i := 0; i < 50; i++ { // 200 bytes, each 4 acknowledged
+		h.sock.queue = append(h.sock.queue, "abcd"...)
+		h.f.Readable()
+		h.take()
+		una += 4
+		h.segment(0, una, 4, "")
+	}
+	h.sock.queue = append(h.sock.queue, "wxyz"...)
+	h.f.Readable()
+	if out := h.take(); len(out) != 1 || string(out[0].payload) != "wxyz" {
+		t.Fatalf("sent: %+v", out)
+	}
+	for range dupAckThresh {
+		h.segment(0, una, 4, "")
+	}
+	if out := h.take(); len(out) != 1 || string(out[0].payload) != "wxyz" || out[0].seq != una {
+		t.Fatalf("after %d duplicate ACKs, 2 GiB into the flow: %+v", dupAckThresh, out)
+	}
+}

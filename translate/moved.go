@@ -132,7 +132,9 @@ func seqLE(a, b uint32) bool { return int32(b-a) >= 0 }
 
 // check validates m as Restore needs it: a snapshot may come from another
 // build, or be broken; a flow made from it must hold the same invariants
-// as one made from a SYN.
+// as one made from a SYN. Past its handshake a flow's ISS and IRS say
+// nothing: after 2 GiB each way sequence space wraps past them (an iperf3
+// stream did, in TestBinaryRestartSIGHUP).
 func (m *Moved) check() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("translate: a moved flow %s", fmt.Sprintf(format, args...))
@@ -152,14 +154,10 @@ func (m *Moved) check() error {
 		return bad("with una %d, nxt %d, max %d", m.SndUna, m.SndNxt, m.SndMax)
 	case m.SynRcvd && (m.SndUna != m.ISS || m.SndNxt != m.ISS+1 || m.SndMax != m.ISS+1 || m.RcvNxt != m.IRS+1 || m.FinIn || m.FinSeen):
 		return bad("in its handshake with una %d, nxt %d, max %d, iss %d", m.SndUna, m.SndNxt, m.SndMax, m.ISS)
-	case !m.SynRcvd && !seqLE(m.ISS+1, m.SndUna):
-		return bad("acknowledged below its ISS")
 	case m.FinSent && (!m.FinSeen || m.SndNxt != m.SndMax):
 		return bad("with its FIN sent below sndMax")
 	case m.FinSeen && m.SndMax == m.SndUna && !m.FinSent:
 		return bad("with its FIN acknowledged but not sent")
-	case !seqLE(m.IRS+1, m.RcvNxt) || m.RcvNxt-m.IRS > 1<<31:
-		return bad("with irs %d, rcv.nxt %d", m.IRS, m.RcvNxt)
 	case m.DupThresh < dupAckThresh || m.DupThresh > maxReordering:
 		return bad("with a reordering threshold of %d", m.DupThresh)
 	case m.Cwnd == 0 || m.Cwnd > renoMaxWindow || m.Ssthresh == 0 || m.Ssthresh > renoMaxWindow:

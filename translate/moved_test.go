@@ -159,6 +159,14 @@ func TestRestoreRefuses(t *testing.T) {
 	if _, err := Restore(h.cfg, good); err != nil {
 		t.Fatalf("the flow's own state: %v", err)
 	}
+	// Past 2 GiB each way, sequence space has wrapped past the ISS and
+	// the IRS: still a good flow (an iperf3 stream's, moved by SIGHUP).
+	long := good
+	long.ISS, long.IRS = long.SndUna-3<<30, long.RcvNxt-3<<30
+	long.Recover = long.SndUna - 1
+	if _, err := Restore(h.cfg, long); err != nil {
+		t.Errorf("a flow 3 GiB long each way: %v", err)
+	}
 	for _, c := range []struct {
 		name, want string
 		mod        func(m *Moved)

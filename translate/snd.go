@@ -132,6 +132,13 @@ func (f *Flow) ackInput(s Segment) {
 			f.eifelUndo()
 		case !f.inRecovery:
 			f.cc.acked(int(d), 2*flight >= f.cc.window())
+			if int32(f.sndUna-f.recover) > 0 {
+				// Past the last recovery for good: recover follows, so
+				// that sequence space does not wrap it ahead of sndUna
+				// again after 2 GiB (as from the ISS it would, turning
+				// off fast retransmit for the next 2 GiB).
+				f.recover = f.sndUna - 1
+			}
 		}
 		f.rtoArmed = f.sndUna != f.sndMax
 		f.maybeDone()

@@ -220,9 +220,12 @@ func startAdmin(ctx context.Context, addr, control string, d adminDeps, logger *
 	}
 	srv := admin.New(cfg)
 	listen := func() (net.Listener, error) { return srv.Listen(addr) }
-	ln, err := listen()
+	var ln net.Listener
+	var err error
 	if d.takingOver {
 		ln, err = retryTaken(listen)
+	} else {
+		ln, err = listen()
 	}
 	if err != nil {
 		if cause := errors.Unwrap(err); cause != nil {

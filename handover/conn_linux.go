@@ -235,24 +235,31 @@ func (s *Server) greet(c *net.UnixConn) {
 
 // checkPeer refuses a taker that runs as another user than this process.
 func checkPeer(c *net.UnixConn) error {
-	rc, err := c.SyscallConn()
+	cred, err := peerCred(c)
 	if err != nil {
 		return err
+	}
+	if int(cred.Uid) != os.Geteuid() {
+		return fmt.Errorf("handover: a taker of uid %d, this process runs as %d", cred.Uid, os.Geteuid())
+	}
+	return nil
+}
+
+// peerCred returns the credentials of c's peer (SO_PEERCRED: as of its
+// connect or listen).
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := rc.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return err
+		return nil, err
 	}
-	if cerr != nil {
-		return cerr
-	}
-	if int(cred.Uid) != os.Geteuid() {
-		return fmt.Errorf("handover: a taker of uid %d, this process runs as %d", cred.Uid, os.Geteuid())
-	}
-	return nil
+	return cred, cerr
 }
 
 func refuse(c *net.UnixConn, reason string) {
@@ -334,6 +341,26 @@ func (o *Offer) Wait(timeout time.Duration) error {
 		return fmt.Errorf("handover: the taker (pid %d) failed: %s", o.TakerPID, buf[1:n])
 	}
 	return fmt.Errorf("handover: the taker (pid %d) sent message %q", o.TakerPID, buf[0])
+}
+
+// ServerPID returns the pid of the process that serves the handover socket
+// at path, read from the socket's peer credentials: it says no hello and
+// asks for nothing, so the server only sees a connection close. It returns
+// ErrNoServer when nobody serves there (`userproxy restart`).
+func ServerPID(path string) (int, error) {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return 0, fmt.Errorf("%w (%s)", ErrNoServer, path)
+		}
+		return 0, fmt.Errorf("handover: %w", err)
+	}
+	defer c.Close()
+	cred, err := peerCred(c)
+	if err != nil {
+		return 0, fmt.Errorf("handover: the peer of %s: %w", path, err)
+	}
+	return int(cred.Pid), nil
 }
 
 // Taker is the new process's side.

@@ -319,3 +319,38 @@ func TestHandoverCommit(t *testing.T) {
 		}
 	}
 }
+
+// TestServerPID: the pid behind a handover socket is read without an offer
+// (the server sees a connection close and serves the next taker as
+// before); no socket, or a stale one, is ErrNoServer.
+func TestServerPID(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := ServerPID(filepath.Join(dir, "none")); !errors.Is(err, ErrNoServer) {
+		t.Fatalf("no socket: %v", err)
+	}
+	s := listen(t)
+	for range 3 {
+		pid, err := ServerPID(s.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pid != os.Getpid() {
+			t.Fatalf("ServerPID = %d, want this process's %d", pid, os.Getpid())
+		}
+	}
+	select {
+	case o := <-s.Offers():
+		t.Fatalf("ServerPID made an offer (taker %d)", o.TakerPID)
+	case <-time.After(100 * time.Millisecond):
+	}
+	go func() {
+		if tk, err := Dial(s.Path(), time.Second); err == nil {
+			tk.Close()
+		}
+	}()
+	offer(t, s).Refuse("test")
+	_ = s.Close()
+	if _, err := ServerPID(s.Path()); !errors.Is(err, ErrNoServer) {
+		t.Fatalf("after Close: %v", err)
+	}
+}

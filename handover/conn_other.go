@@ -50,6 +50,9 @@ type Taker struct {
 // Dial finds no running process to take over from: a clean start.
 func Dial(path string, timeout time.Duration) (*Taker, error) { return nil, ErrNoServer }
 
+// ServerPID finds no running process to take over from.
+func ServerPID(path string) (int, error) { return 0, ErrNoServer }
+
 func (t *Taker) Receive(timeout time.Duration) ([]byte, []*os.File, error) {
 	return nil, nil, errUnsupported
 }

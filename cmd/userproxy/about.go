@@ -23,6 +23,16 @@ Examples:
   sudo userproxy setup --remove
 `
 
+const restartAbout = `userproxy restart: restart a running proxy without resetting its connections:
+it gets SIGHUP, starts its binary again (the file now at its path: an
+upgrade), and hands its TUN and flows to the new process, which then serves
+(docs/handover.md). Linux.
+
+Examples:
+  sudo userproxy restart
+  sudo userproxy restart --tun-name userproxy1
+`
+
 const conntrackAbout = `userproxy conntrack list|flush: the connection tracking table of a running
 proxy, one conntrack -L line per flow; flush deletes the entries selected
 (all of them without a filter), resetting their flows.

@@ -62,6 +62,7 @@ func TestFlagsReference(t *testing.T) {
 	}{
 		{"`userproxy run`", []string{"run"}},
 		{"`userproxy setup`", []string{"setup"}},
+		{"`userproxy restart`", []string{"restart"}},
 		{"`userproxy conntrack list`", []string{"conntrack", "list"}},
 		{"`userproxy conntrack flush`", []string{"conntrack", "flush"}},
 		{"`userproxy rules`", []string{"rules"}},

@@ -24,6 +24,7 @@ const usage = `userproxy: a userspace Kubernetes Service proxy (kube-proxy iptab
 Usage:
   userproxy run [flags]               proxy ClusterIPs: --config FILE|DIR, or --kubeconfig, or in-cluster
   userproxy setup --user NAME         (root, once) a persistent TUN device so that run needs no privileges
+  userproxy restart                   restart (or upgrade) a running proxy without resetting its connections
   userproxy conntrack list|flush      the connection tracking table of a running proxy
   userproxy rules [--config FILE]     the iptables-save lines kube-proxy would write for the same objects
   userproxy ipvs [--stats|--rate]     the service table of a running proxy, as ipvsadm -Ln lists it
@@ -87,6 +88,8 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return runRun(ctx, args[1:], stdout, stderr)
 	case "setup":
 		return runSetup(ctx, args[1:], stdout, stderr)
+	case "restart":
+		return runRestart(ctx, args[1:], stdout, stderr)
 	case "conntrack":
 		return runConntrack(ctx, args[1:], stdout, stderr)
 	case "rules":

@@ -15,7 +15,10 @@ package main
 //     shutdownGrace, reset the ones left (both sides), stop the source,
 //     close the stack, undo the host DNS settings, remove what run created,
 //     exit 0. Any failure before that (admin address taken, source ended,
-//     DNS bind) returns at once, removing what run created on the way out.
+//     DNS bind) returns at once, removing what run created on the way out;
+//  8. on SIGHUP: the binary is started again and takes over (restart.go);
+//     once it has, or once any --take-over taker has, this process leaves
+//     the device and the moved flows to it and exits 0.
 
 import (
 	"context"
@@ -25,6 +28,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/signal"
 	"runtime"
 	"slices"
 	"strings"
@@ -135,7 +139,7 @@ func (f *runFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.adminAddr, "admin-addr", defaultAdminAddr, "address of the admin server (/healthz, /metrics, /debug: read-only); empty disables it")
 	fs.StringVar(&f.controlSocket, "control-socket", "", "unix socket (mode 0600) that serves what changes the proxy's state, the conntrack flush (default: "+defaultControlSocket("TUN")+"); \"none\" disables it")
 	fs.StringVar(&f.handoverSocket, "handover-socket", "", "unix socket (mode 0600) on which a new process started with --take-over takes this one's TUN and flows (default: "+defaultHandoverSocket("TUN")+"); \"none\" disables it")
-	fs.BoolVar(&f.takeOver, "take-over", false, "take the TUN and the flows over from the proxy running on --handover-socket, which then exits (a restart or upgrade without resetting connections); with none running, a clean start")
+	fs.BoolVar(&f.takeOver, "take-over", os.Getenv(takeOverEnv) == "1", "take the TUN and the flows over from the proxy running on --handover-socket, which then exits (a restart or upgrade without resetting connections); with none running, a clean start (the default follows USERPROXY_TAKE_OVER=1, which a restart by SIGHUP sets)")
 	fs.DurationVar(&f.minSyncPeriod, "min-sync-period", service.DefaultMinSyncPeriod, "least time between two service table builds (0: build on every change)")
 	fs.IntVar(&f.conntrackMax, "conntrack-max", 0, "conntrack table size (0: 32768 per core, at least 131072, as kube-proxy)")
 	fs.DurationVar(&f.ctEstablished, "conntrack-tcp-timeout-established", def.TCPEstablished, "idle timeout of established TCP flows")
@@ -576,6 +580,17 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	}
 	ho := listenHandover(f.handoverSocket, st, tun, px, hoStats, logger.Named("handover"))
 	defer ho.Close()
+	// SIGHUP: a restart, handing over to the binary started again
+	// (restart.go). Without this, SIGHUP would end the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	rs := newRestarter(f.handoverSocket, ho.Done(), logger.Named("restart"))
+	if ho == nil && rs.enabled == nil {
+		rs.enabled = errors.New("no handover socket")
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); rs.run(ctx, hup) }()
 	logger.Info("userproxy running", zap.String("tun", tun.name), zap.Stringer("serviceCIDRs", &f.serviceCIDRs),
 		zap.String("node", f.nodeName), zap.String("admin", f.adminAddr), zap.Stringer("dialVia", f.via), f.dns.field())
 

@@ -51,6 +51,7 @@ type GateStats struct {
 	HandshakesAborted            uint64
 	ResetsAfterEntry             uint64
 	SegmentsAfterEntry           uint64
+	StrayResets                  uint64
 	SYNACKWaitsWritten           uint64
 	SYNACKWaitsTimedOut          uint64
 	AcksSuperseded, AcksExpired  uint64
@@ -481,6 +482,8 @@ func gateGroup(snap func() GateStats) metricGroup {
 			func(s *GateStats) uint64 { return s.Rejected }),
 		counter(own("gate_reject_rate_limited_total"), "ICMP unreachables not sent because of the rate limit.",
 			func(s *GateStats) uint64 { return s.RejectRateLimited }),
+		counter(own("gate_stray_resets_total"), "RSTs sent for client TCP segments of no flow, in the window after a start that followed a proxy that crashed (docs/handover.md).",
+			func(s *GateStats) uint64 { return s.StrayResets }),
 		counter(own("gate_dropped_flows_total"), "New flows dropped silently (internalTrafficPolicy Local without a local endpoint).",
 			func(s *GateStats) uint64 { return s.Dropped }),
 		counter(own("gate_table_full_total"), "New flows refused because the conntrack table was full.",

@@ -37,7 +37,9 @@ func FuzzGate(f *testing.F) {
 		f.Fatal(err)
 	}
 	link := NewMemoryLink(0, 8)
-	st, err := New(Options{Link: &link.Link, Conntrack: ct, Admit: func(conntrack.Tuple) Decision { return Accept }})
+	// StrayResets: a segment of no flow is answered (buildStrayRST reads
+	// what conntrack let through as such).
+	st, err := New(Options{Link: &link.Link, Conntrack: ct, Admit: func(conntrack.Tuple) Decision { return Accept }, StrayResets: time.Hour})
 	if err != nil {
 		f.Fatal(err)
 	}

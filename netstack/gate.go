@@ -12,7 +12,10 @@ package netstack
 //     the Original direction, without verifying its checksums when the link
 //     says the kernel vouched for them (tunlink_linux.go).
 //  2. INVALID: dropped and counted; gVisor never sees it (it would answer a
-//     stray ACK with a RST). Packets conntrack tracks no flow for (ICMP echo,
+//     stray ACK with a RST). For a while after a start that followed a
+//     crashed proxy, a segment of no flow is answered with a RST instead
+//     (Options.StrayResets), so that the crashed proxy's clients are not
+//     left to hang. Packets conntrack tracks no flow for (ICMP echo,
 //     other protocols) are dropped too, but counted by conntrack apart from
 //     INVALID.
 //  3. NEW: the admission function decides. Reject: an ICMP or ICMPv6 port
@@ -36,6 +39,7 @@ package netstack
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -94,6 +98,7 @@ type gateCounters struct {
 	handshakesAborted  atomic.Uint64
 	resetsOut          atomic.Uint64 // RSTs of flows whose entry was gone
 	resetsIn           atomic.Uint64 // client segments of such flows, for gVisor to answer
+	strayResets        atomic.Uint64 // RSTs for client segments of no flow (Options.StrayResets)
 }
 
 // gate wraps a link endpoint; see the flow comment at the top of the file.
@@ -107,9 +112,12 @@ type gate struct {
 	bypass   *udpBypass
 	resets   *resetting
 	synAcks  *synAckWrites
-	xl       *translator            // the link's gate, when the stack translates TCP (translate.go)
-	acks     *ackHolder             // the link's gate only (ackhold.go)
-	defrag   *conntrack.Reassembler // set by the Stack before the NIC is created
+	xl       *translator // the link's gate, when the stack translates TCP (translate.go)
+	// strayUntil: until then a client's segment of no flow is answered
+	// with a RST (Options.StrayResets); zero: never.
+	strayUntil time.Time
+	acks       *ackHolder             // the link's gate only (ackhold.go)
+	defrag     *conntrack.Reassembler // set by the Stack before the NIC is created
 	// bytesOut is child as a bytesWriter, if it is one (the Linux TUN):
 	// writeOwnBytes writes through it.
 	bytesOut bytesWriter
@@ -208,6 +216,9 @@ func (g *gate) deliver(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffe
 	case conntrack.Invalid:
 		if !res.Reason.Unsupported() { // those are counted by conntrack, by protocol
 			g.counters.invalidIn.Add(1)
+		}
+		if res.Reason == conntrack.ReasonNoEntryNotSYN && !g.strayUntil.IsZero() {
+			g.resetStray(proto, b)
 		}
 		return
 	case conntrack.New:
@@ -325,6 +336,32 @@ func (g *gate) reject(proto tcpip.NetworkProtocolNumber, b []byte) {
 	pl.PushBack(pb)
 	if _, err := g.child.WritePackets(pl); err != nil {
 		g.counters.outboundWriteError.Add(1)
+	}
+	pl.DecRef()
+}
+
+// resetStray answers the client's segment b of no flow with a RST while
+// the stack's StrayResets window lasts, within the ICMP errors' rate
+// limit; it bypasses classification (the RST belongs to no flow).
+func (g *gate) resetStray(proto tcpip.NetworkProtocolNumber, b []byte) {
+	if g.rejecter.now().After(g.strayUntil) {
+		return
+	}
+	rst := buildStrayRST(b)
+	if rst == nil {
+		return
+	}
+	if !g.rejecter.allow() {
+		g.counters.rejectRateLimited.Add(1)
+		return
+	}
+	pb := newPacket(rst, proto)
+	var pl stack.PacketBufferList
+	pl.PushBack(pb)
+	if _, err := g.child.WritePackets(pl); err != nil {
+		g.counters.outboundWriteError.Add(1)
+	} else {
+		g.counters.strayResets.Add(1)
 	}
 	pl.DecRef()
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -114,6 +115,102 @@ func TestStrayACKIsDroppedWithoutRST(t *testing.T) {
 	}
 	if got := ct.Stats().Invalid[conntrack.ReasonNoEntryNotSYN]; got != 1 {
 		t.Errorf("conntrack no_entry_not_syn = %d, want 1", got)
+	}
+}
+
+// TestStrayResets: within Options.StrayResets of the start, a client's
+// segment of no flow is answered as RFC 9293 3.10.7.1 answers a segment
+// for a connection that does not exist (an ACK: a RST at its
+// acknowledgment number; no ACK: a RST+ACK of the segment), a RST is not
+// answered, and the segment still counts as INVALID; after the window,
+// nothing is answered.
+func TestStrayResets(t *testing.T) {
+	ct, err := conntrack.NewTable(conntrack.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	link := NewMemoryLink(0, 64)
+	st, err := New(Options{Link: &link.Link, Conntrack: ct, Admit: accept, StrayResets: time.Minute, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	st.SetFlowHandler(echoHandler{})
+	read := func() header.TCP {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		pkt := link.Read(ctx)
+		if pkt == nil {
+			t.Fatal("no answer")
+		}
+		ip := header.IPv4(pkt)
+		if !ip.IsChecksumValid() || ip.SourceAddress() != tcpip.AddrFrom4(service.Addr().As4()) || ip.DestinationAddress() != tcpip.AddrFrom4(client.Addr().As4()) {
+			t.Fatalf("not a packet from the service to the client: %x", pkt)
+		}
+		tcp := header.TCP(ip.Payload())
+		xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, ip.SourceAddress(), ip.DestinationAddress(), uint16(len(tcp)))
+		if checksum.Checksum(tcp, xsum) != 0xffff || tcp.SourcePort() != service.Port() || tcp.DestinationPort() != client.Port() {
+			t.Fatalf("a bad TCP header: %x", tcp)
+		}
+		return tcp
+	}
+	quiet := func(what string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if pkt := link.Read(ctx); pkt != nil {
+			t.Fatalf("%s was answered: %x", what, pkt)
+		}
+	}
+
+	link.Inject(tcpPacket(client, service, header.TCPFlagAck|header.TCPFlagPsh, 1000, 2000))
+	if tcp := read(); tcp.Flags() != header.TCPFlagRst || tcp.SequenceNumber() != 2000 {
+		t.Errorf("the answer to an ACK: flags %v seq %d, want RST at 2000", tcp.Flags(), tcp.SequenceNumber())
+	}
+	link.Inject(tcpPacket(client, service, header.TCPFlagFin, 1000, 0)) // bad flags: INVALID for another reason
+	quiet("a FIN without ACK")
+	link.Inject(tcpPacket(client, service, header.TCPFlagRst|header.TCPFlagAck, 1000, 2000))
+	quiet("a RST")
+	mu.Lock()
+	now = now.Add(time.Minute + time.Second)
+	mu.Unlock()
+	link.Inject(tcpPacket(client, service, header.TCPFlagAck, 1000, 2000))
+	quiet("an ACK after the window")
+	if s := st.Stats(); s.StrayResets != 1 || s.InvalidIn != 4 {
+		t.Errorf("StrayResets %d, InvalidIn %d; want 1 and 4", s.StrayResets, s.InvalidIn)
+	}
+}
+
+// TestBuildStrayRST: RFC 9293 3.10.7.1's answers, IPv6 too: without an
+// ACK, sequence number 0 and an ACK of the segment's sequence number plus
+// its length (data, SYN and FIN counted).
+func TestBuildStrayRST(t *testing.T) {
+	b := tcpPacket(client, service, header.TCPFlagFin|header.TCPFlagPsh, 1000, 0)
+	b = append(b, "hello"...)
+	ip := header.IPv4(b)
+	ip.SetTotalLength(uint16(len(b)))
+	rst := header.IPv4(buildStrayRST(b))
+	tcp := header.TCP(rst.Payload())
+	if tcp.Flags() != header.TCPFlagRst|header.TCPFlagAck || tcp.SequenceNumber() != 0 || tcp.AckNumber() != 1000+5+1 {
+		t.Errorf("for 5 bytes and a FIN at 1000: flags %v seq %d ack %d, want RST+ACK 0/1006", tcp.Flags(), tcp.SequenceNumber(), tcp.AckNumber())
+	}
+	src, dst := tcpip.AddrFrom16(netip.MustParseAddr("fd00::7").As16()), tcpip.AddrFrom16(netip.MustParseAddr("fd00:96::10").As16())
+	b6 := make([]byte, header.IPv6MinimumSize+header.TCPMinimumSize)
+	header.IPv6(b6).Encode(&header.IPv6Fields{PayloadLength: header.TCPMinimumSize, TransportProtocol: header.TCPProtocolNumber, HopLimit: 64, SrcAddr: src, DstAddr: dst})
+	header.TCP(b6[header.IPv6MinimumSize:]).Encode(&header.TCPFields{SrcPort: 40000, DstPort: 80, SeqNum: 7, AckNum: 99, DataOffset: header.TCPMinimumSize, Flags: header.TCPFlagAck})
+	out := header.IPv6(buildStrayRST(b6))
+	tcp6 := header.TCP(out.Payload())
+	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, out.SourceAddress(), out.DestinationAddress(), uint16(len(tcp6)))
+	if out.SourceAddress() != dst || out.DestinationAddress() != src || tcp6.Flags() != header.TCPFlagRst || tcp6.SequenceNumber() != 99 ||
+		tcp6.SourcePort() != 80 || tcp6.DestinationPort() != 40000 || checksum.Checksum(tcp6, xsum) != 0xffff {
+		t.Errorf("IPv6: %x", []byte(out))
+	}
+	if buildStrayRST(tcpPacket(client, service, header.TCPFlagRst, 1, 0)) != nil {
+		t.Error("a RST was answered")
 	}
 }
 

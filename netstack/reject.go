@@ -139,6 +139,53 @@ func tosInternetControl(in header.IPv4) uint8 {
 // buildClientRST returns a RST from the client side of id (RemoteAddress:
 // RemotePort to LocalAddress:LocalPort) with sequence number seq.
 func buildClientRST(id stack.TransportEndpointID, seq uint32) []byte {
+	return buildRST(id, seq, 0, header.TCPFlagRst)
+}
+
+// buildStrayRST returns the RST a host sends for the client's segment b
+// when it has no connection for it (RFC 9293 3.10.7.1, CLOSED): from the
+// service back to the client, with the sequence number of the segment's
+// ACK, or with sequence number 0 acknowledging the segment when it has no
+// ACK. It returns nil for a RST (never answered) or what is not a TCP
+// segment in IPv4 or IPv6 without extension headers.
+func buildStrayRST(b []byte) []byte {
+	off, ok := tcpOffset(b)
+	if !ok {
+		return nil
+	}
+	tcp := header.TCP(b[off:])
+	flags := tcp.Flags()
+	if flags&header.TCPFlagRst != 0 {
+		return nil
+	}
+	var id stack.TransportEndpointID
+	end := len(b)
+	if b[0]>>4 == 4 {
+		ip := header.IPv4(b)
+		id.RemoteAddress, id.LocalAddress = ip.DestinationAddress(), ip.SourceAddress()
+		end = min(end, int(ip.TotalLength()))
+	} else {
+		ip := header.IPv6(b)
+		id.RemoteAddress, id.LocalAddress = ip.DestinationAddress(), ip.SourceAddress()
+		end = min(end, header.IPv6MinimumSize+int(ip.PayloadLength()))
+	}
+	id.RemotePort, id.LocalPort = tcp.DestinationPort(), tcp.SourcePort()
+	if flags&header.TCPFlagAck != 0 {
+		return buildRST(id, tcp.AckNumber(), 0, header.TCPFlagRst)
+	}
+	segLen := uint32(max(end-off-int(tcp.DataOffset()), 0))
+	if flags&header.TCPFlagSyn != 0 {
+		segLen++
+	}
+	if flags&header.TCPFlagFin != 0 {
+		segLen++
+	}
+	return buildRST(id, 0, tcp.SequenceNumber()+segLen, header.TCPFlagRst|header.TCPFlagAck)
+}
+
+// buildRST returns a segment with flags (a RST, with or without an ACK)
+// from id.RemoteAddress:RemotePort to id.LocalAddress:LocalPort.
+func buildRST(id stack.TransportEndpointID, seq, ack uint32, flags header.TCPFlags) []byte {
 	src, dst := id.RemoteAddress, id.LocalAddress
 	var b []byte
 	var tcpOff int
@@ -157,7 +204,7 @@ func buildClientRST(id stack.TransportEndpointID, seq uint32) []byte {
 		return nil
 	}
 	t := header.TCP(b[tcpOff:])
-	t.Encode(&header.TCPFields{SrcPort: id.RemotePort, DstPort: id.LocalPort, SeqNum: seq, DataOffset: header.TCPMinimumSize, Flags: header.TCPFlagRst})
+	t.Encode(&header.TCPFields{SrcPort: id.RemotePort, DstPort: id.LocalPort, SeqNum: seq, AckNum: ack, DataOffset: header.TCPMinimumSize, Flags: flags})
 	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, src, dst, uint16(len(t)))
 	t.SetChecksum(^checksum.Checksum(t, xsum))
 	return b

@@ -88,6 +88,14 @@ type Options struct {
 	// connection freed. 0 means 10 s. (gVisor alone retransmits the SYN-ACK
 	// for about two minutes.)
 	HandshakeTimeout time.Duration
+	// StrayResets is how long after New a client's TCP segment that finds
+	// no flow and is not a SYN is answered with a RST, as a host answers a
+	// segment for a connection it does not have (RFC 9293 3.10.7.1), and
+	// not only dropped as INVALID (nf_conntrack_tcp_loose=0): for a start
+	// after a proxy that crashed, whose clients' flows would otherwise
+	// hang until their own timeouts. 0: never. The RSTs share the ICMP
+	// errors' rate limit.
+	StrayResets time.Duration
 	// Now is the clock of the rate limiter and of the translator's
 	// half-open handshakes' ages; nil means time.Now.
 	Now func() time.Time
@@ -219,6 +227,9 @@ func (st *Stack) build(opts Options) error {
 	st.pipe = newAsyncPipe(inProcMTU, 1024)
 	ours, theirs := st.pipe.a, st.pipe.b
 	st.gates[linkNIC] = newGate(opts.Link.ep, st.ct, admit, rej, &st.counters, &st.bypass, &st.resets)
+	if opts.StrayResets > 0 {
+		st.gates[linkNIC].strayUntil = opts.Now().Add(opts.StrayResets)
+	}
 	st.synAcks.limit = synAckWait
 	st.gates[linkNIC].synAcks = &st.synAcks // the link's writes run the client's side (synack.go)
 	lg := st.gates[linkNIC]
@@ -432,6 +443,9 @@ type Stats struct {
 	// client; SegmentsAfterEntry the client's segments of such flows it let
 	// in, each of which gVisor answers with one more RST (reset.go).
 	ResetsAfterEntry, SegmentsAfterEntry uint64
+	// StrayResets counts the RSTs the gate sent for client segments of no
+	// flow (Options.StrayResets).
+	StrayResets uint64
 	// SYNACKWaitsWritten counts the client segments the reader held back
 	// until their flow's SYN-ACK write returned, SYNACKWaitsTimedOut those
 	// it delivered when the wait's bound ran out first (synack.go).
@@ -465,7 +479,7 @@ func (st *Stack) Stats() Stats {
 		TCPInFlight: inflight, InFlightLimited: c.inFlightLimited.Load(),
 		HandlerPanics: c.handlerPanics.Load(), FlowPanics: c.flowPanics.Load(),
 		TimerRTOFires: c.xlRTOFires.Load(), TimerAckFires: c.xlAckFires.Load(), HandshakesAborted: c.handshakesAborted.Load(),
-		ResetsAfterEntry: c.resetsOut.Load(), SegmentsAfterEntry: c.resetsIn.Load(),
+		ResetsAfterEntry: c.resetsOut.Load(), SegmentsAfterEntry: c.resetsIn.Load(), StrayResets: c.strayResets.Load(),
 		SYNACKWaitsWritten: st.synAcks.written.Load(), SYNACKWaitsTimedOut: st.synAcks.timedOut.Load(),
 		AcksSuperseded: acks.superseded.Load(), AcksExpired: acks.expired.Load(),
 		AcksFlushed: acks.flushed.Load(), AcksDropped: acks.dropped.Load(),

@@ -58,18 +58,30 @@ type takeover struct {
 // takeOver dials the running process at path; it returns nil, nil when
 // there is none (a clean start).
 func takeOver(path string, logger *zap.Logger) (*takeover, error) {
+	// Who serves there, read first: if it dies before it answers, this
+	// process waits for it to be gone (its device with it) before it
+	// starts clean.
+	pid, _ := handover.ServerPID(path)
 	tk, err := handover.Dial(path, handoverReceiveWait)
 	if errors.Is(err, handover.ErrNoServer) {
 		logger.Info("no running proxy to take over from: a clean start", zap.String("socket", path))
 		return nil, nil
 	}
 	if err != nil {
+		if !errors.Is(err, handover.ErrRefused) && predecessorCrashed(path) && (pid == 0 || processGone(pid)) {
+			logger.Warn("the running proxy died before it answered: a clean start", zap.Int("pid", pid), zap.Error(err))
+			return nil, errOldDied
+		}
 		return nil, fmt.Errorf("taking over: %w", err)
 	}
 	start := time.Now()
 	snap, files, err := tk.Receive(handoverReceiveWait)
 	if err != nil {
 		tk.Close()
+		if processGone(tk.ServerPID) {
+			logger.Warn("the running proxy died before it handed over: a clean start", zap.Int("pid", tk.ServerPID), zap.Error(err))
+			return nil, errOldDied
+		}
 		return nil, fmt.Errorf("taking over from pid %d: %w", tk.ServerPID, err)
 	}
 	l, flows, syns, err := decodeSnapshot(snap)
@@ -84,6 +96,20 @@ func takeOver(path string, logger *zap.Logger) (*takeover, error) {
 		return nil, fmt.Errorf("taking over from pid %d: the snapshot: %w", tk.ServerPID, err)
 	}
 	return &takeover{taker: tk, link: l, flows: flows, syns: syns, queues: files[:l.queues], socks: files[l.queues:], start: start}, nil
+}
+
+// processGone reports whether pid has exited, waiting up to 5 s for it: a
+// process that dies closes its files one by one, the handover socket
+// perhaps before its TUN queues, and is gone (or a zombie) only once all
+// are closed.
+func processGone(pid int) bool {
+	for deadline := time.Now().Add(5 * time.Second); processAlive(pid); {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }
 
 // fail tells the old process to serve on, once, and closes what was

@@ -162,15 +162,22 @@ func runRestart(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 }
 
-// processAlive reports whether pid runs: it exists and is not a zombie
-// waiting for its parent.
+// processAlive reports whether pid runs: it exists, and is not a zombie
+// waiting for its parent whose every thread has exited. (A killed
+// process's main thread is a zombie while its other threads still exit,
+// and its files close only with the last of them.)
 func processAlive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	dir := "/proc/" + strconv.Itoa(pid)
+	b, err := os.ReadFile(dir + "/stat")
 	if err != nil {
 		return false
 	}
 	// pid (comm) state ...: comm may hold spaces and parentheses.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z'
+	if i < 0 || i+2 >= len(s) || s[i+2] != 'Z' {
+		return true
+	}
+	threads, err := os.ReadDir(dir + "/task")
+	return err == nil && len(threads) > 1
 }

@@ -445,6 +445,8 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	defer func() { cancelSrc(); srcWG.Wait() }()
 	var to *takeover
 	hoStats := &handoverStats{}
+	// A handover socket nobody serves: the proxy before this one crashed.
+	crashed := predecessorCrashed(f.handoverSocket)
 	if f.takeOver {
 		srcWG.Add(1)
 		go func() { defer srcWG.Done(); srcErr <- src.Run(srcCtx) }()
@@ -455,9 +457,19 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		case <-time.After(takeOverSync):
 			return fmt.Errorf("taking over: no service table after %v; the running proxy serves on", takeOverSync)
 		}
-		if to, err = takeOver(f.handoverSocket, logger.Named("handover")); err != nil {
+		to, err = takeOver(f.handoverSocket, logger.Named("handover"))
+		if errors.Is(err, errOldDied) {
+			crashed, err = true, nil
+		}
+		if err != nil {
 			return err
 		}
+	}
+	var strayResets time.Duration
+	if crashed {
+		strayResets = strayResetWindow
+		logger.Warn("a proxy before this one ended without cleaning up: its clients' segments of flows it held are answered with a RST for a while, so that their connections end instead of hanging",
+			zap.String("handoverSocket", f.handoverSocket), zap.Duration("for", strayResets))
 	}
 	var tun *tunDevice
 	if to != nil {
@@ -504,6 +516,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	}
 	st, err := netstack.New(netstack.Options{Link: tun.link, Conntrack: ct, Reassembler: defrag, Admit: px.Admit, Logger: logger.Named("netstack"),
 		MaxInFlight: f.maxInFlight, MaxInFlightPerClient: f.maxInFlightClient, HandshakeTimeout: f.handshakeTimeout,
+		StrayResets:  strayResets,
 		TranslateTCP: f.tcpTranslate})
 	if err != nil {
 		if to != nil {

@@ -1,18 +1,48 @@
 package main
 
 // The servers' ports while taking over (handover_linux.go): the running
-// proxy holds them until it has handed over and exits.
+// proxy holds them until it has handed over and exits. A proxy that died
+// instead: a clean start, which answers its clients' segments with RSTs
+// for a while.
 
 import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/userproxy/userproxy/handover"
 )
+
+// errOldDied: the process being taken over from went away before it
+// handed over (a crash, SIGKILL). This one starts clean.
+var errOldDied = errors.New("the running proxy died during the handover")
+
+// strayResetWindow is how long a start after a crashed proxy answers the
+// client segments of no flow with a RST (netstack.Options.StrayResets):
+// the crashed proxy's clients retransmit for minutes, with backoff, and
+// idle ones send when they next write.
+const strayResetWindow = 10 * time.Minute
+
+// predecessorCrashed reports whether a proxy left its handover socket at
+// path without serving it: it ended without cleaning up (a crash, SIGKILL;
+// a proxy that exits removes it), and its clients may still hold flows
+// that no longer exist.
+func predecessorCrashed(path string) bool {
+	if path == "" {
+		return false
+	}
+	if _, err := os.Lstat(path); err != nil {
+		return false
+	}
+	_, err := handover.ServerPID(path)
+	return errors.Is(err, handover.ErrNoServer)
+}
 
 // takeOverListenWait bounds the wait for a port the old process holds
 // until it exits.

@@ -231,7 +231,7 @@ func runKubeProxy(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	logKubeProxyStart(logger, cfg, &f, o.configFile)
 	applyOOMScoreAdj(f.oomScoreAdj, logger)
-	return run(ctx, &f, logger)
+	return runProxy(ctx, &f, logger)
 }
 
 // configNamed names the --config file in messages, if there is one.

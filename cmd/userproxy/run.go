@@ -79,6 +79,8 @@ type runFlags struct {
 	controlSocket      string
 	handoverSocket     string
 	takeOver           bool
+	afterHandover      string
+	handoverOnTerm     time.Duration
 	minSyncPeriod      time.Duration
 	conntrackMax       int
 	ctEstablished      time.Duration
@@ -171,7 +173,9 @@ func (f *runFlags) register(fs *pflag.FlagSet) {
 		"conntrack-udp-timeout", "conntrack-udp-timeout-stream", "conntrack-tcp-be-liberal")
 	groupFlags(fs, "Limits", "max-inflight", "max-inflight-per-client", "max-udp-sessions", "handshake-timeout", "procs")
 	groupFlags(fs, "Servers", "healthz-bind-address", "admin-addr", "control-socket", "profiling")
-	groupFlags(fs, "Restarts", "handover-socket", "take-over")
+	fs.StringVar(&f.afterHandover, "after-handover", afterHandoverExit, "once handed over to a new process: exit (status 0), or wait, serving nothing, for a signal (a container whose exit its kubelet would restart)")
+	fs.DurationVar(&f.handoverOnTerm, "handover-on-term", 0, "on SIGTERM, wait up to this long for a new process to take over before draining (a DaemonSet's rolling update with maxSurge stops the old pod once the new one is ready); 0: drain at once")
+	groupFlags(fs, "Restarts", "handover-socket", "take-over", "after-handover", "handover-on-term")
 	groupFlags(fs, "DNS", "dns", "dns-ip", "cluster-domain", "dns-upstream", "dns-host-config")
 	groupFlags(fs, "Logging", "log-level", "log-format")
 }
@@ -223,6 +227,14 @@ func (f *runFlags) validate() error {
 	}
 	if f.takeOver && f.handoverSocket == "" {
 		return errors.New("--take-over needs a --handover-socket")
+	}
+	switch {
+	case f.afterHandover != afterHandoverExit && f.afterHandover != afterHandoverWait:
+		return fmt.Errorf("--after-handover %q: want %s or %s", f.afterHandover, afterHandoverExit, afterHandoverWait)
+	case f.handoverOnTerm < 0:
+		return fmt.Errorf("--handover-on-term %v is negative", f.handoverOnTerm)
+	case f.handoverOnTerm > 0 && f.handoverSocket == "":
+		return errors.New("--handover-on-term needs a --handover-socket")
 	}
 	if f.controlSocket == "" {
 		f.controlSocket = defaultControlSocket(f.tunName)
@@ -301,7 +313,33 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer func() { _ = logger.Sync() }()
-	return run(ctx, &f, logger)
+	return runProxy(ctx, &f, logger)
+}
+
+// --after-handover's values.
+const (
+	afterHandoverExit = "exit"
+	afterHandoverWait = "wait"
+)
+
+// errHandedOver is run's return once the proxy was handed over to a new
+// process: no failure (runProxy makes it nil).
+var errHandedOver = errors.New("handed over")
+
+// runProxy runs the proxy until ctx ends; once it has handed over, it
+// exits, or with --after-handover wait, waits for ctx to end: a container
+// that exits is started again by its kubelet, and would take the proxy
+// back.
+func runProxy(ctx context.Context, f *runFlags, logger *zap.Logger) error {
+	err := run(ctx, f, logger)
+	if !errors.Is(err, errHandedOver) {
+		return err
+	}
+	if f.afterHandover == afterHandoverWait && ctx.Err() == nil {
+		logger.Info("handed over: serving nothing, waiting for a signal to exit (--after-handover wait)")
+		<-ctx.Done()
+	}
+	return nil
 }
 
 // validatedLogger validates f and returns the logger its flags ask for.
@@ -540,7 +578,10 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 
 	// Every early return below must stop these goroutines before the
 	// deferred closes run: cancel first, then wait.
-	ctx, cancel := context.WithCancel(ctx)
+	// Their context is not the signal's: on SIGTERM this process may wait
+	// for a taker first (--handover-on-term), serving meanwhile.
+	sigCtx := ctx
+	ctx, cancel := context.WithCancel(context.WithoutCancel(sigCtx))
 	var wg sync.WaitGroup
 	// The tracker goes first: a build timer firing during teardown would
 	// sync the routes and sockets the deferred closes take down.
@@ -607,21 +648,32 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	logger.Info("userproxy running", zap.String("tun", tun.name), zap.Stringer("serviceCIDRs", &f.serviceCIDRs),
 		zap.String("node", f.nodeName), zap.String("admin", f.adminAddr), zap.Stringer("dialVia", f.via), f.dns.field())
 
-	// 5. Until a signal, or the source fails for good.
+	// 5. Until a signal, a handover, or the source fails for good.
+	handedOver := false
 	select {
-	case <-ctx.Done():
-		logger.Info("shutting down: draining flows", zap.Int("flows", px.Flows()))
-		ho.Close() // no taker while draining; its socket file goes now, before a second signal's exit
+	case <-sigCtx.Done():
+		handedOver = awaitTaker(ho, f.handoverOnTerm, logger)
+		if !handedOver {
+			logger.Info("shutting down: draining flows", zap.Int("flows", px.Flows()))
+			ho.Close() // no taker while draining; its socket file goes now, before a second signal's exit
+			select {
+			case <-ho.Done(): // a taker confirmed while Close waited for it
+				handedOver = true
+			default:
+			}
+		}
 	case err := <-srcErr:
 		if err != nil {
 			return fmt.Errorf("source: %w", err)
 		}
 	case <-ho.Done():
+		handedOver = true
+	}
+	cancel() // the servers and the sweeper stop, and free their ports
+	if handedOver {
 		// The next process reads the TUN now: what did not move ends at
 		// once (a reset, as a restart gives it), and nothing of the
-		// device's is removed; the servers stop (cancel) and free their
-		// ports for it.
-		cancel()
+		// device's is removed.
 		ho.Close()
 		nodePorts.Close()
 		ext.handOver()
@@ -630,7 +682,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		if n := px.Shutdown(expired); n > 0 {
 			logger.Info("handed over: reset the flows that could not move", zap.Int("flows", n))
 		}
-		return nil
+		return errHandedOver
 	}
 	// Stop admitting, let the flows finish for a moment, then reset what is
 	// left (a response cut short must look cut short); the deferred Close
@@ -642,6 +694,24 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 	}
 	cancelDrain()
 	return nil
+}
+
+// awaitTaker waits up to d, after SIGTERM, for a new process to take over
+// (--handover-on-term); it reports whether one did.
+func awaitTaker(ho *handoverServer, d time.Duration, logger *zap.Logger) bool {
+	if d <= 0 || ho == nil {
+		return false
+	}
+	logger.Info("SIGTERM: waiting for a new process to take over before draining (--handover-on-term)", zap.Duration("upTo", d))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ho.Done():
+		return true
+	case <-t.C:
+		logger.Info("no new process took over", zap.Duration("waited", d))
+		return false
+	}
 }
 
 // takeOverSync bounds a taker's wait for its first service table: an API

@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -183,5 +186,37 @@ func TestReadAndWatchNode(t *testing.T) {
 		cancel()
 		<-done
 		tr.Close()
+	}
+}
+
+// TestPrepareRunDir: setup --run-dir makes the directory for the user
+// alone (mode 0700, owned by it), and tightens one that exists; --user
+// takes uid[:gid] as numbers, for an image without /etc/passwd.
+func TestPrepareRunDir(t *testing.T) {
+	uid, gid := os.Getuid(), os.Getgid()
+	dir := filepath.Join(t.TempDir(), "run", "userproxy")
+	for _, spec := range []string{fmt.Sprintf("%d:%d", uid, gid), fmt.Sprint(uid)} {
+		if err := prepareRunDir(dir, spec); err != nil {
+			t.Fatalf("%s: %v", spec, err)
+		}
+		fi, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o700 {
+			t.Errorf("%s: mode %v, want 0700", spec, fi.Mode().Perm())
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if int(st.Uid) != uid {
+			t.Errorf("%s: owner %d, want %d", spec, st.Uid, uid)
+		}
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, bad := range []string{"1000:x", "name:1000", "no-such-user-upx"} {
+		if err := prepareRunDir(dir, bad); err == nil {
+			t.Errorf("--user %q accepted", bad)
+		}
 	}
 }

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
@@ -128,6 +131,11 @@ func TestManifestsDryRun(t *testing.T) {
 		all = append(all, byFile[name]...)
 	}
 	checkManifestRefs(t, all)
+	for _, d := range byFile["daemonset.yaml"] {
+		if ds, ok := d.typed.(*appsv1.DaemonSet); ok {
+			checkRollingHandover(t, d.where, ds)
+		}
+	}
 
 	for _, name := range manifestFiles {
 		t.Run(name, func(t *testing.T) {
@@ -228,6 +236,87 @@ func checkManifestRefs(t *testing.T, docs []manifestDoc) {
 				}
 				needSA(d.where, s.Namespace, s.Name)
 			}
+		}
+	}
+}
+
+// checkRollingHandover checks what makes the DaemonSet's rolling update a
+// handover (docs/handover.md, TestBinaryRollingUpdate runs the flags):
+// the new pod starts before the old one stops (maxSurge, maxUnavailable
+// 0), with no host port for the two to fight over (with hostNetwork a
+// container port is one); the proxy takes over (--take-over), waits once
+// handed over (--after-handover=wait: its kubelet would restart an exit)
+// and, on SIGTERM, waits for the new pod (--handover-on-term); its
+// handover socket is in a hostPath both pods mount, readied for its user by
+// an init container (setup --run-dir).
+func checkRollingHandover(t *testing.T, where string, ds *appsv1.DaemonSet) {
+	t.Helper()
+	u := ds.Spec.UpdateStrategy
+	if u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil || u.RollingUpdate.MaxSurge == nil ||
+		u.RollingUpdate.MaxSurge.IntValue() < 1 || u.RollingUpdate.MaxUnavailable == nil || u.RollingUpdate.MaxUnavailable.IntValue() != 0 {
+		t.Errorf("%s: update strategy %+v, want RollingUpdate with maxSurge 1 or more and maxUnavailable 0", where, u)
+	}
+	spec := ds.Spec.Template.Spec
+	var proxy *v1.Container
+	for i, c := range spec.Containers {
+		if len(c.Args) > 0 && c.Args[0] == "run" {
+			proxy = &spec.Containers[i]
+		}
+		if spec.HostNetwork && len(c.Ports) > 0 {
+			t.Errorf("%s: container %s has ports: with hostNetwork each is a host port, which keeps the surge pod off the node", where, c.Name)
+		}
+	}
+	if proxy == nil {
+		t.Fatalf("%s: no container runs `userproxy run`", where)
+	}
+	flags := map[string]string{}
+	for _, a := range proxy.Args[1:] {
+		k, v, _ := strings.Cut(a, "=")
+		flags[k] = v
+	}
+	for flag, want := range map[string]string{"--take-over": "", "--after-handover": "wait"} {
+		if got, ok := flags[flag]; !ok || got != want {
+			t.Errorf("%s: %s is %q (given: %v), want %q", where, flag, got, ok, want)
+		}
+	}
+	if flags["--handover-on-term"] == "" {
+		t.Errorf("%s: no --handover-on-term", where)
+	}
+	sock := flags["--handover-socket"]
+	if sock == "" {
+		t.Fatalf("%s: no --handover-socket", where)
+	}
+	dir := path.Dir(sock)
+	hostPaths := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	mountsDir := func(c v1.Container) bool {
+		for _, m := range c.VolumeMounts {
+			if m.MountPath == dir && hostPaths[m.Name] != "" {
+				return true
+			}
+		}
+		return false
+	}
+	if !mountsDir(*proxy) {
+		t.Errorf("%s: the handover socket's directory %s is no hostPath mount of the proxy", where, dir)
+	}
+	readied := false
+	for _, c := range spec.InitContainers {
+		if mountsDir(c) && slices.Contains(c.Args, "--run-dir="+dir) && len(c.Args) > 0 && c.Args[0] == "setup" {
+			readied = true
+		}
+	}
+	if !readied {
+		t.Errorf("%s: no init container readies %s (setup --run-dir)", where, dir)
+	}
+	if g := spec.TerminationGracePeriodSeconds; g != nil {
+		wait, err := time.ParseDuration(flags["--handover-on-term"])
+		if err != nil || wait+5*time.Second > time.Duration(*g)*time.Second {
+			t.Errorf("%s: --handover-on-term %s and a drain do not fit in terminationGracePeriodSeconds %d", where, flags["--handover-on-term"], *g)
 		}
 	}
 }

@@ -304,12 +304,19 @@ func (l *recentList) unlink(e *recentEntry) {
 	e.prev, e.next = nil, nil
 }
 
-func (l *recentList) pushTail(e *recentEntry) {
-	e.prev = l.tail
-	if l.tail != nil {
-		l.tail.next = e
+func (l *recentList) pushTail(e *recentEntry) { l.insertAfter(e, l.tail) }
+
+// insertAfter links e in after at, or at the head when at is nil.
+func (l *recentList) insertAfter(e, at *recentEntry) {
+	e.prev = at
+	if at != nil {
+		e.next, at.next = at.next, e
 	} else {
-		l.head = e
+		e.next, l.head = l.head, e
 	}
-	l.tail = e
+	if e.next != nil {
+		e.next.prev = e
+	} else {
+		l.tail = e
+	}
 }

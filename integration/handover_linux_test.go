@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -18,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
 )
 
 // A second binary, built apart (-trimpath: other bytes, the same snapshot
@@ -59,7 +63,8 @@ func TestBinaryHandover(t *testing.T) {
 	ep := b.serveTCP(func(c net.Conn) { _, _ = io.Copy(c, c) })
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "services.yaml")
-	writeFile(t, cfg, quickConfig(ep, b.udpEcho()))
+	pinned := newPinnedService(t, b)
+	writeFile(t, cfg, quickConfig(ep, b.udpEcho())+pinned.config)
 	sock := filepath.Join(dir, "run", "upxho0.handover")
 	control := filepath.Join(dir, "run", "upxho0.sock")
 	// Translated flows on Linux's own TUN path, whatever the pass of
@@ -182,6 +187,7 @@ func TestBinaryHandover(t *testing.T) {
 		before[i] = moved[i].Load()
 	}
 	shortBefore := shortOK.Load()
+	pins := pinned.pins(t)
 	taker := startProc(t, args(binB, "--take-over")...)
 	select {
 	case err := <-old.exited:
@@ -217,6 +223,12 @@ func TestBinaryHandover(t *testing.T) {
 	} else if n, _ := strconv.Atoi(m[1]); n < streams {
 		t.Errorf("the taker's metrics count %d flows moved, fewer than the %d streams", n, streams)
 	}
+	// ClientIP affinity held: every client goes to the endpoint it was
+	// pinned to before (8 clients over 3 endpoints: a match by chance is
+	// 1 in 6,561).
+	if after := pinned.pins(t); !maps.Equal(after, pins) {
+		t.Errorf("affinity pins before the handover %v, after %v", pins, after)
+	}
 	time.Sleep(2 * time.Second)
 	stop.Store(true)
 	wg.Wait()
@@ -243,4 +255,97 @@ func TestBinaryHandover(t *testing.T) {
 	if err := taker.stop(t); err != nil {
 		t.Fatalf("the new process: %v", err)
 	}
+}
+
+// pinnedService is a Service with ClientIP affinity over three endpoints
+// that name themselves, and clients of eight addresses of their own.
+type pinnedService struct {
+	b       *binNS
+	config  string // its Service and EndpointSlice, to append to a config
+	clients []netip.Addr
+}
+
+// newPinnedService starts the endpoints (127.0.0.1-3, one port) and adds
+// the clients' addresses.
+func newPinnedService(t *testing.T, b *binNS) *pinnedService {
+	t.Helper()
+	var port int
+	for i, name := range []string{"one", "two", "three"} {
+		var ln net.Listener
+		err := b.c.run(func() (err error) {
+			ln, err = net.Listen("tcp", fmt.Sprintf("127.0.0.%d:%d", i+1, port))
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		port = int(serveTCP(t, ln, nameServer(name)).addr.Port())
+	}
+	p := &pinnedService{b: b}
+	for i := range 8 {
+		p.clients = append(p.clients, netip.AddrFrom4([4]byte{192, 0, 2, byte(11 + i)}))
+	}
+	err := inNS(b.ns, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		for _, c := range p.clients {
+			if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(c, 32))}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.config = fmt.Sprintf(`---
+apiVersion: v1
+kind: Service
+metadata: {name: pinned, namespace: default}
+spec:
+  clusterIP: 10.96.0.20
+  clusterIPs: [10.96.0.20]
+  sessionAffinity: ClientIP
+  ports: [{name: http, protocol: TCP, port: 80, targetPort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: pinned-1, namespace: default, labels: {kubernetes.io/service-name: pinned}}
+addressType: IPv4
+endpoints: [{addresses: [127.0.0.1]}, {addresses: [127.0.0.2]}, {addresses: [127.0.0.3]}]
+ports: [{name: http, protocol: TCP, port: %d}]
+`, port, port)
+	return p
+}
+
+// pins asks each client's endpoint three times; each must answer the same.
+func (p *pinnedService) pins(t *testing.T) map[netip.Addr]string {
+	t.Helper()
+	pins := map[netip.Addr]string{}
+	for _, c := range p.clients {
+		for range 3 {
+			var got []byte
+			err := p.b.c.run(func() error {
+				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: c.AsSlice()}, Timeout: 5 * time.Second}
+				conn, err := d.Dial("tcp", "10.96.0.20:80")
+				if err != nil {
+					return err
+				}
+				defer conn.Close()
+				_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+				got, err = io.ReadAll(conn)
+				return err
+			})
+			if err != nil {
+				t.Fatalf("client %s: %v", c, err)
+			}
+			if prev, ok := pins[c]; ok && prev != string(got) {
+				t.Fatalf("client %s went to %s, then to %s: no affinity", c, prev, got)
+			}
+			pins[c] = string(got)
+		}
+	}
+	return pins
 }

@@ -201,8 +201,10 @@ func (x *xlOwner) forget() { x.p.untrack(x.f) }
 
 // AdoptFlows takes the translated flows the previous process handed over
 // (moved, with their sockets in files at the same index) into st: each
-// flow's conntrack entry is restored, its TCP registered under its tuple,
-// and an owner runs it as if it had been accepted here, once
+// flow's conntrack entry is restored, the flow counted on its endpoint and
+// persistence template (balancing.go: RestoreBalancing goes first), its
+// TCP registered under its tuple, and an owner runs it as if it had been
+// accepted here, once
 // StartAdopted says the previous process has committed (until then the
 // flows are detached: nothing goes out). A flow that cannot
 // be adopted is reset (its socket closed with a RST; the client's next
@@ -246,6 +248,8 @@ func (p *Proxy) adopt(st *netstack.Stack, m MovedFlow, file *os.File) error {
 		return err
 	}
 	x := p.newXLOwner(hc, tuple, conntrack.Binding{Endpoint: m.Endpoint, ServicePort: m.ServicePort})
+	pk := p.adoptedPick(tuple, m.Endpoint, m.ServicePort) // balancing.go
+	x.f.count(pk)
 	// own starts on the stack's handler goroutine once x.t is set.
 	ready := make(chan struct{})
 	t, err := st.AdoptTranslated(tuple, m.TCP, sock, x.wake, x.waitWritable, &p.stats.bytes, func(*netstack.TranslatedFlow) {
@@ -255,6 +259,7 @@ func (p *Proxy) adopt(st *netstack.Stack, m MovedFlow, file *os.File) error {
 		}
 	})
 	if err != nil {
+		pk.release()
 		p.ct.DeleteFlow(tuple, nil)
 		resetTCP(hc)
 		return err

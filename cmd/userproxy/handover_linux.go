@@ -234,7 +234,8 @@ func (h *handoverServer) offer(o *handover.Offer) bool {
 	}
 	syns := h.st.HandOffHandshakes()
 	moved, sockFDs := h.px.DetachFlows()
-	l := linkState{name: h.tun.name, mtu: h.tun.link.MTU(), vnet: h.tun.link.Offload, queues: len(queueFDs), created: h.tun.created}
+	l := linkState{name: h.tun.name, mtu: h.tun.link.MTU(), vnet: h.tun.link.Offload, queues: len(queueFDs), created: h.tun.created,
+		balancing: h.px.SaveBalancing()} // the readers paused: no pick moves it now
 	for _, r := range h.tun.routes {
 		if p, ok := prefixOf(r.Dst); ok {
 			l.routes = append(l.routes, p)
@@ -269,6 +270,11 @@ func (h *handoverServer) offer(o *handover.Offer) bool {
 // Without the commit, the old process serves on: this one ends, having
 // sent nothing and read nothing.
 func adoptFlows(to *takeover, tun *tunDevice, st *netstack.Stack, px *proxy.Proxy, stats *handoverStats, logger *zap.Logger) error {
+	// The pins and templates first: the adopted flows are counted on them.
+	balRestored, balDropped, err := px.RestoreBalancing(to.link.balancing)
+	if err != nil {
+		logger.Warn("balancing state handed over that could not be restored: dropped", zap.Error(err))
+	}
 	n, err := px.AdoptFlows(st, to.flows, to.socks)
 	to.socks = nil // the proxy's
 	if err != nil {
@@ -288,7 +294,8 @@ func adoptFlows(to *takeover, tun *tunDevice, st *netstack.Stack, px *proxy.Prox
 	stats.takenReset.Store(uint64(len(to.flows) - n))
 	stats.takenPause.Store(int64(pause))
 	logger.Info("took over", zap.Int("from", to.taker.ServerPID), zap.Int("flowsMoved", n),
-		zap.Int("flowsReset", len(to.flows)-n), zap.Int("syns", len(to.syns)), zap.Duration("paused", pause))
+		zap.Int("flowsReset", len(to.flows)-n), zap.Int("syns", len(to.syns)), zap.Int("balancingRestored", balRestored), zap.Int("balancingDropped", balDropped),
+		zap.Duration("paused", pause))
 	return nil
 }
 

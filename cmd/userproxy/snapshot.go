@@ -11,25 +11,35 @@ package main
 //	       descriptor after the queues, at its index)
 //	syns   SYNs whose endpoint dial was still running: the new process
 //	       reads them as if from the TUN, and dials
+//	balancing  the ClientIP affinity lists, persistence templates and
+//	       rr/wrr positions per service port (proxy.Balancing); the new
+//	       process restores them before it adopts the flows
 //
-// Format 1 of package handover; a field added is a new format.
+// Format 1 of package handover; a field added is a new format. A section
+// added is not: a reader picks the sections it knows by id and skips the
+// rest, and reads a missing balancing section as no state, so a process
+// of either build takes over from the other (and loses only the pins).
 
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"time"
 
+	"github.com/userproxy/userproxy/balancer"
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/handover"
 	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/service"
 )
 
 const (
-	sectionLink  = 1
-	sectionFlows = 2
-	sectionSYNs  = 3
+	sectionLink      = 1
+	sectionFlows     = 2
+	sectionSYNs      = 3
+	sectionBalancing = 4
 )
 
 // maxSYN bounds a SYN read from a snapshot: IP and TCP headers with every
@@ -44,6 +54,10 @@ type linkState struct {
 	queues  int
 	created bool
 	routes  []netip.Prefix
+	// balancing is the balancing section. It rides with the link to
+	// adoptFlows (takeOver hands the link on as to.link), which restores
+	// it into the proxy.
+	balancing proxy.Balancing
 }
 
 // maxTimer bounds a timer read from a snapshot: the longest conntrack
@@ -78,6 +92,7 @@ func encodeSnapshot(l linkState, flows []proxy.MovedFlow, syns [][]byte) []byte 
 			e.Bytes(p)
 		}
 	})
+	s.Section(sectionBalancing, func(e *handover.Enc) { encodeBalancing(e, &l.balancing) })
 	return s.Bytes()
 }
 
@@ -179,6 +194,13 @@ func decodeSnapshot(b []byte) (linkState, []proxy.MovedFlow, [][]byte, error) {
 	if err := d.End(); err != nil {
 		return linkState{}, nil, nil, fmt.Errorf("SYNs section: %w", err)
 	}
+	if b, ok := secs[sectionBalancing]; ok { // none from a build before it
+		d = handover.NewDec(b)
+		l.balancing = decodeBalancing(d)
+		if err := d.End(); err != nil {
+			return linkState{}, nil, nil, fmt.Errorf("balancing section: %w", err)
+		}
+	}
 	return l, flows, syns, nil
 }
 
@@ -218,4 +240,120 @@ func decodeFlow(d *handover.Dec) proxy.MovedFlow {
 	f.Endpoint = d.AddrPort()
 	f.ServicePort = d.String()
 	return f
+}
+
+// The balancing section: per service port its name, protocol, family and
+// scheduler, its xt_recent lists (endpoint key, then clients and ages),
+// and its IPVS endpoint sets (which set, rr's or wrr's position, the
+// persistence templates). The proxy and balancer check what the values
+// mean (RestoreBalancing); the decoder checks their bounds.
+
+func encodeBalancing(e *handover.Enc, b *proxy.Balancing) {
+	e.U32(uint32(len(b.Ports)))
+	for i := range b.Ports {
+		p := &b.Ports[i]
+		e.String(p.Name.Namespace)
+		e.String(p.Name.Name)
+		e.String(p.Name.Port)
+		e.U8(uint8(p.Protocol))
+		e.U8(uint8(p.Family))
+		e.String(p.Scheduler)
+		e.U32(uint32(len(p.Affinity)))
+		for _, l := range p.Affinity {
+			e.String(l.Endpoint)
+			e.U32(uint32(len(l.Clients)))
+			for _, c := range l.Clients {
+				e.Addr(c.Addr)
+				e.Duration(c.Age)
+			}
+		}
+		e.U32(uint32(len(p.Sets)))
+		for _, s := range p.Sets {
+			e.U8(s.Set)
+			e.Bool(s.Scheduler != nil)
+			if v := s.Scheduler; v != nil {
+				e.String(v.Name)
+				e.U32(uint32(len(v.Endpoints)))
+				for _, ep := range v.Endpoints {
+					e.AddrPort(ep.Addr)
+					e.U32(uint32(ep.Weight))
+				}
+				e.Int(int64(v.Cursor))
+				e.Int(v.Weight)
+			}
+			e.U32(uint32(len(s.Templates)))
+			for _, t := range s.Templates {
+				e.Addr(t.Client)
+				e.AddrPort(t.Dest)
+				e.Duration(t.Idle)
+				e.U32(uint32(t.Controls))
+				e.Duration(t.Released)
+				e.Bool(t.Rechecked)
+			}
+		}
+	}
+}
+
+// The least bytes each item of the balancing section takes, for Count.
+const (
+	minBalancingPort = 3*4 + 2 + 4 + 4 + 4
+	minSavedList     = 4 + 4
+	minSavedClient   = 1 + 8
+	minSavedSet      = 1 + 1 + 4
+	minSavedEndpoint = 1 + 2 + 4
+	minSavedTemplate = 1 + 3 + 8 + 4 + 8 + 1
+)
+
+func decodeBalancing(d *handover.Dec) proxy.Balancing {
+	var b proxy.Balancing
+	for n := d.Count(minBalancingPort); n > 0 && d.Err() == nil; n-- {
+		var p proxy.PortBalancing
+		p.Name.Namespace, p.Name.Name, p.Name.Port = d.String(), d.String(), d.String()
+		p.Protocol, p.Family = service.Protocol(d.U8()), service.Family(d.U8())
+		p.Scheduler = d.String()
+		if (p.Protocol != service.TCP && p.Protocol != service.UDP) || (p.Family != service.IPv4 && p.Family != service.IPv6) {
+			d.Fail("service port %v of protocol %d, family %d", p.Name, p.Protocol, p.Family)
+		}
+		for n := d.Count(minSavedList); n > 0 && d.Err() == nil; n-- {
+			l := balancer.SavedList{Endpoint: d.String()}
+			for n := d.Count(minSavedClient); n > 0 && d.Err() == nil; n-- {
+				l.Clients = append(l.Clients, balancer.ClientAge{Addr: d.Addr(), Age: d.Duration(maxTimer)})
+			}
+			p.Affinity = append(p.Affinity, l)
+		}
+		for n := d.Count(minSavedSet); n > 0 && d.Err() == nil; n-- {
+			p.Sets = append(p.Sets, decodeSavedSet(d))
+		}
+		b.Ports = append(b.Ports, p)
+	}
+	return b
+}
+
+func decodeSavedSet(d *handover.Dec) proxy.SetBalancing {
+	s := proxy.SetBalancing{Set: d.U8()}
+	if s.Set > 2 {
+		d.Fail("endpoint set %d", s.Set)
+	}
+	if d.Bool() {
+		v := balancer.SavedScheduler{Name: d.String()}
+		for n := d.Count(minSavedEndpoint); n > 0 && d.Err() == nil; n-- {
+			v.Endpoints = append(v.Endpoints, balancer.Endpoint{Addr: d.AddrPort(), Weight: int32(d.U32())})
+		}
+		cursor := d.Int()
+		if cursor < -1 || cursor >= int64(len(v.Endpoints)) {
+			d.Fail("a cursor of %d in %d endpoints", cursor, len(v.Endpoints))
+		}
+		v.Cursor, v.Weight = int(cursor), d.Int()
+		s.Scheduler = &v
+	}
+	for n := d.Count(minSavedTemplate); n > 0 && d.Err() == nil; n-- {
+		t := balancer.SavedTemplate{Client: d.Addr(), Dest: d.AddrPort(), Idle: d.Duration(maxTimer)}
+		controls := d.U32()
+		if controls > math.MaxInt32 {
+			d.Fail("a template with %d connections", controls)
+		}
+		t.Controls, t.Released, t.Rechecked = int(controls), d.Duration(maxTimer), d.Bool()
+		s.Templates = append(s.Templates, t)
+	}
+	return s
 }

@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/userproxy/userproxy/balancer"
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/handover"
 	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/service"
 )
 
 // testSnapshot is a link and two flows with every field set.
@@ -40,7 +42,28 @@ func testSnapshot() (linkState, []proxy.MovedFlow) {
 		f.TCP.SynRcvd = i == 1
 		flows = append(flows, f)
 	}
+	l.balancing = testBalancing()
 	return l, flows
+}
+
+// testBalancing is a port with affinity lists and one with IPVS sets, with
+// every field set.
+func testBalancing() proxy.Balancing {
+	ep := func(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+	return proxy.Balancing{Ports: []proxy.PortBalancing{
+		{Name: service.PortName{Namespace: "default", Name: "web", Port: "http"}, Protocol: service.TCP, Family: service.IPv4, Scheduler: "random",
+			Affinity: []balancer.SavedList{{Endpoint: "10.244.1.5:8080", Clients: []balancer.ClientAge{
+				{Addr: netip.MustParseAddr("10.0.0.7"), Age: time.Hour}, {Addr: netip.MustParseAddr("10.0.0.8"), Age: time.Second}}}}},
+		{Name: service.PortName{Namespace: "default", Name: "db"}, Protocol: service.UDP, Family: service.IPv6, Scheduler: "wrr",
+			Sets: []proxy.SetBalancing{
+				{Set: 0, Scheduler: &balancer.SavedScheduler{Name: "wrr", Endpoints: []balancer.Endpoint{
+					{Addr: ep("[fd00:244::5]:53"), Weight: 3}, {Addr: ep("[fd00:244::6]:53"), Weight: 1}}, Cursor: 1, Weight: 2},
+					Templates: []balancer.SavedTemplate{
+						{Client: netip.MustParseAddr("fd00::7"), Dest: ep("[fd00:244::5]:53"), Idle: time.Minute, Controls: 2, Rechecked: true},
+						{Client: netip.MustParseAddr("fd00::8"), Dest: ep("[fd00:244::6]:53"), Idle: time.Minute, Released: time.Second}}},
+				{Set: 2, Scheduler: &balancer.SavedScheduler{Name: "wrr", Cursor: -1}},
+			}},
+	}}
 }
 
 // TestSnapshotRoundTrip: the link and every field of every flow read back
@@ -81,15 +104,59 @@ func TestSnapshotDecodeRefuses(t *testing.T) {
 	if _, _, _, err := decodeSnapshot(encodeSnapshot(l, []proxy.MovedFlow{udp}, nil)); !errors.Is(err, handover.ErrCorrupt) {
 		t.Errorf("a UDP flow: %v", err)
 	}
+	for name, change := range map[string]func(*proxy.Balancing){
+		"a fourth endpoint set":      func(b *proxy.Balancing) { b.Ports[1].Sets[0].Set = 3 },
+		"a cursor past its list":     func(b *proxy.Balancing) { b.Ports[1].Sets[0].Scheduler.Cursor = 2 },
+		"a cursor before the head":   func(b *proxy.Balancing) { b.Ports[1].Sets[0].Scheduler.Cursor = -2 },
+		"a negative age":             func(b *proxy.Balancing) { b.Ports[0].Affinity[0].Clients[0].Age = -1 },
+		"a port of another protocol": func(b *proxy.Balancing) { b.Ports[0].Protocol = 132 },
+		"a template's negative idle": func(b *proxy.Balancing) { b.Ports[1].Sets[0].Templates[0].Idle = -1 },
+	} {
+		bad := l
+		bad.balancing = testBalancing()
+		change(&bad.balancing)
+		if _, _, _, err := decodeSnapshot(encodeSnapshot(bad, flows, nil)); !errors.Is(err, handover.ErrCorrupt) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// TestSnapshotWithoutBalancing: a snapshot from a build that wrote no
+// balancing section reads as one with no state; a section this build does
+// not know is skipped.
+func TestSnapshotWithoutBalancing(t *testing.T) {
+	l, flows := testSnapshot()
+	secs, err := handover.Sections(encodeSnapshot(l, flows, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s handover.Snapshot
+	for _, id := range []uint16{sectionLink, sectionFlows, sectionSYNs} {
+		s.Section(id, func(e *handover.Enc) { appendRaw(e, secs[id]) })
+	}
+	s.Section(99, func(e *handover.Enc) { e.String("from a later build") })
+	gotL, gotFlows, _, err := decodeSnapshot(s.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gotL.balancing.Ports) != 0 || !reflect.DeepEqual(gotFlows, flows) {
+		t.Fatalf("balancing %+v, %d flows; want none and the flows", gotL.balancing, len(gotFlows))
+	}
 }
 
 // FuzzDecodeSnapshot: any bytes, and any body in a valid container, decode
 // to an error or to values within their bounds, never a panic.
 func FuzzDecodeSnapshot(f *testing.F) {
 	l, flows := testSnapshot()
-	f.Add(encodeSnapshot(l, flows, [][]byte{make([]byte, 60)}))
+	snap := encodeSnapshot(l, flows, [][]byte{make([]byte, 60)})
+	f.Add(snap)
+	secs, err := handover.Sections(snap)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(secs[sectionBalancing]) // for wrapBalancing
 	f.Fuzz(func(t *testing.T, b []byte) {
-		for _, in := range [][]byte{b, wrapBody(b)} {
+		for _, in := range [][]byte{b, wrapBody(b), wrapBalancing(b)} {
 			l, flows, syns, err := decodeSnapshot(in)
 			if err != nil {
 				continue
@@ -97,6 +164,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 			if l.queues < 1 || l.queues > 1024 || len(flows) > len(in) || len(syns) > len(in) {
 				t.Fatalf("decoded %d queues, %d flows from %d bytes", l.queues, len(flows), len(in))
 			}
+			restoreBalancing(t, l.balancing)
 		}
 	})
 }
@@ -118,6 +186,65 @@ func wrapBody(b []byte) []byte {
 		s.Section(sectionSYNs, func(e *handover.Enc) { e.U32(0) })
 	}
 	return s.Bytes()
+}
+
+// wrapBalancing puts b in a snapshot as its balancing section, beside a
+// valid link and no flows.
+func wrapBalancing(b []byte) []byte {
+	var s handover.Snapshot
+	s.Section(sectionLink, func(e *handover.Enc) {
+		e.String("userproxy0")
+		e.U32(1500)
+		e.Bool(false)
+		e.U32(1)
+		e.Bool(false)
+		e.U32(0)
+	})
+	s.Section(sectionFlows, func(e *handover.Enc) { e.U32(0) })
+	s.Section(sectionSYNs, func(e *handover.Enc) { e.U32(0) })
+	s.Section(sectionBalancing, func(e *handover.Enc) { appendRaw(e, b) })
+	return s.Bytes()
+}
+
+// restoreBalancing hands decoded state to what restores it in the next
+// process (balancer's Restore functions, as RestoreBalancing calls them):
+// a refusal is fine, a panic or growth past the bounds is not, and what
+// is accepted is all counted.
+func restoreBalancing(t *testing.T, b proxy.Balancing) {
+	const listSize, maxTemplates = 4, 8
+	for _, p := range b.Ports {
+		a := balancer.NewAffinity(balancer.AffinityConfig{Timeout: time.Hour, ListSize: listSize})
+		in := 0
+		for _, l := range p.Affinity {
+			in += len(l.Clients)
+		}
+		if r, d, err := a.Restore(p.Affinity); err == nil {
+			if r+d != in {
+				t.Fatalf("affinity: %d restored and %d dropped of %d", r, d, in)
+			}
+			for _, l := range p.Affinity {
+				if n := len(a.Clients(l.Endpoint)); n > listSize {
+					t.Fatalf("a list of %d clients, limit %d", n, listSize)
+				}
+			}
+		}
+		for _, s := range p.Sets {
+			ps := balancer.NewPersistence(balancer.PersistenceConfig{Timeout: time.Hour, MaxTemplates: maxTemplates})
+			if r, d, err := ps.Restore(s.Templates); err == nil && (r+d != len(s.Templates) || ps.Len() > maxTemplates) {
+				t.Fatalf("templates: %d restored and %d dropped of %d, %d held", r, d, len(s.Templates), ps.Len())
+			}
+			if v := s.Scheduler; v != nil {
+				for _, name := range []string{"rr", "wrr"} {
+					cfg, _ := balancer.ParseScheduler(name, "")
+					sched := cfg.New(nil)
+					eps := []balancer.Endpoint{{Addr: netip.MustParseAddrPort("10.0.0.1:80"), Weight: 1}}
+					if balancer.RestoreScheduler(sched, *v, eps) == nil && sched.Pick(eps, balancer.Flow{}) != 0 {
+						t.Fatalf("%s restored from %+v picks off its list", name, v)
+					}
+				}
+			}
+		}
+	}
 }
 
 func appendRaw(e *handover.Enc, b []byte) {

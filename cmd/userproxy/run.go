@@ -531,20 +531,30 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		return err
 	}
 	cf.tun = tun.name
-	cf.checkHost()
 	ext := newExtRoutes(ops, tun.name, f.serviceCIDRs.values, logger.Named("tun"))
 	defer ext.Close() // before tun.close
 	routes.Store(ext)
 	ext.Sync(px.Table().ExternalAddrs())
-	if responder != nil {
-		revert := configureHostDNS(hostDNS{tun: tun.name, ip: f.dns.addr, domain: f.dns.domain, enabled: f.dns.hostConfig}, logger.Named("dns"))
-		defer func() {
-			// Not once handed over (the next process's now), nor after a
-			// takeover that failed (the old process's still).
-			if !tun.handedOver && (to == nil || to.committed) {
-				revert()
-			}
-		}()
+	// The host's checks and its resolver's settings. Taking over, they
+	// wait for the commit: the old process is paused until this one
+	// confirms, and the checks run commands (iptables-save, nft,
+	// resolvectl) that would lengthen the pause by a few hundred ms.
+	var revertDNS func()
+	defer func() {
+		// Not once handed over (the next process's now), nor after a
+		// takeover that failed (the old process's still).
+		if revertDNS != nil && !tun.handedOver && (to == nil || to.committed) {
+			revertDNS()
+		}
+	}()
+	hostSetup := func() {
+		cf.checkHost()
+		if responder != nil {
+			revertDNS = configureHostDNS(hostDNS{tun: tun.name, ip: f.dns.addr, domain: f.dns.domain, enabled: f.dns.hostConfig}, logger.Named("dns"))
+		}
+	}
+	if to == nil {
+		hostSetup()
 	}
 	if f.tcpTranslate {
 		if err := proxy.TranslateSupported(); err != nil {
@@ -568,6 +578,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		if err := adoptFlows(to, tun, st, px, hoStats, logger.Named("handover")); err != nil {
 			return err
 		}
+		hostSetup()
 		if healthLn, err = listenTakingOver(f.healthzAddr); err != nil {
 			return listenHint("--healthz-bind-address", f.healthzAddr, err)
 		}

@@ -336,6 +336,9 @@ func runProxy(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		return err
 	}
 	if f.afterHandover == afterHandoverWait && ctx.Err() == nil {
+		// SIGHUP would end it, and its kubelet start it again: a
+		// restart of what no longer serves is nothing.
+		signal.Ignore(syscall.SIGHUP)
 		logger.Info("handed over: serving nothing, waiting for a signal to exit (--after-handover wait)")
 		<-ctx.Done()
 	}

@@ -156,12 +156,20 @@ var ErrReplyDropped = errors.New("netstack: UDP reply dropped (send buffer full)
 // differences). A datagram the link or a full send buffer cannot take is
 // dropped (ErrReplyDropped), and so is one the endpoint refuses for an ICMP
 // error the client sent; any other error means the flow or the stack is
-// closed. Not safe for concurrent use; b is not kept.
+// closed. Not safe for concurrent use; b is not kept. A flow adopted from
+// another process (AdoptUDP) has no endpoint: a datagram past the MTU is
+// dropped.
 func (r *UDPRequest) Reply(b []byte) error {
 	if r.out != nil {
 		if done, err := r.replyDirect(b); done {
 			return err
 		}
+	}
+	if r.ep == nil {
+		if r.closed.Load() {
+			return errReplyClosed
+		}
+		return ErrReplyDropped
 	}
 	return r.replyThroughEndpoint(b)
 }

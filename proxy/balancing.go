@@ -258,7 +258,11 @@ func (p *Proxy) adoptedPick(tuple conntrack.Tuple, endpoint netip.AddrPort, serv
 	if t == nil {
 		return pick{}
 	}
-	tg := p.resolve(t, service.TCP, tuple.SrcAddr(), tuple.Dst())
+	proto := service.TCP
+	if tuple.Proto() == conntrack.UDP {
+		proto = service.UDP
+	}
+	tg := p.resolve(t, proto, tuple.SrcAddr(), tuple.Dst())
 	if tg.v != service.Forward || tg.port.Name.String() != servicePort {
 		return pick{}
 	}

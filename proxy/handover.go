@@ -3,10 +3,10 @@ package proxy
 // Flows handed to the next process (package handover; the binary's run
 // command drives it): a translated TCP flow's whole state is its endpoint
 // socket, which passes with SCM_RIGHTS, its TCP's sequence state and its
-// conntrack entry. Flows terminated by gVisor's TCP (through the API
-// server, to in-process servers) and UDP flows do not move in this
-// version: the old process ends them once the new one has taken over
-// (EndUnmoved), as a restart would.
+// conntrack entry; a UDP flow's is its endpoint socket and its conntrack
+// entry (udpmove.go). Flows terminated by gVisor's TCP (through the API
+// server, to in-process servers) do not move in this version: the old
+// process ends them once the new one has taken over, as a restart would.
 
 import (
 	"net/netip"
@@ -24,20 +24,47 @@ type MovedFlow struct {
 	ServicePort string
 }
 
-// mover hands one flow over: detach stops it and returns its state and its
-// socket's descriptor; reattach starts it again when the handover failed.
+// MovedUDP is a UDP flow on its way to the next process; its endpoint
+// socket travels beside it, after the TCP flows' sockets, at its index
+// among the UDP flows.
+type MovedUDP struct {
+	Entry       conntrack.Saved
+	Endpoint    netip.AddrPort
+	ServicePort string
+	// ProxyProtocol is the PROXY protocol header every datagram to the
+	// endpoint starts with (ProxyProtocolNone for none).
+	ProxyProtocol ProxyProtocol
+}
+
+// Moved is the flows DetachFlows stopped, or AdoptFlows takes.
+type Moved struct {
+	TCP []MovedFlow
+	UDP []MovedUDP
+}
+
+// detaching collects what DetachFlows stops: the flows' states and their
+// sockets' descriptors, by protocol (the TCP ones go first).
+type detaching struct {
+	Moved
+	tcpFDs, udpFDs []int
+}
+
+// mover hands one flow over: detach stops it and adds its state and its
+// socket's descriptor to d; reattach starts it again when the handover
+// failed; forget lets it go once the next process has it.
 type mover interface {
-	detach() (MovedFlow, int, error)
+	detach(d *detaching) error
 	reattach()
 	forget()
 }
 
-// DetachFlows stops every translated flow for the next process and
-// returns their states and their sockets' descriptors (which stay open
-// here). The TUN's readers must be paused first, so that no client segment
-// reaches a flow after its state is taken.
-func (p *Proxy) DetachFlows() ([]MovedFlow, []int) {
-	p.handoverCut.Lock() // no flow between its Accept and its track
+// DetachFlows stops every translated TCP flow and every UDP flow for the
+// next process and returns their states and their sockets' descriptors,
+// the TCP flows' first (the descriptors stay open here). The TUN's readers
+// must be paused first, so that no client packet reaches a flow after its
+// state is taken.
+func (p *Proxy) DetachFlows() (Moved, []int) {
+	p.handoverCut.Lock() // no flow between its Accept (or track) and its start
 	defer p.handoverCut.Unlock()
 	p.flows.mu.Lock()
 	var ms []mover
@@ -47,18 +74,15 @@ func (p *Proxy) DetachFlows() ([]MovedFlow, []int) {
 		}
 	}
 	p.flows.mu.Unlock()
-	var moved []MovedFlow
-	var fds []int
+	var d detaching
 	p.detached = p.detached[:0]
 	for _, m := range ms {
-		mf, fd, err := m.detach()
-		if err != nil {
-			continue // ended meanwhile: nothing to move
+		if err := m.detach(&d); err != nil {
+			continue // ended meanwhile, or cannot move: nothing to move
 		}
-		moved, fds = append(moved, mf), append(fds, fd)
 		p.detached = append(p.detached, m)
 	}
-	return moved, fds
+	return d.Moved, append(d.tcpFDs, d.udpFDs...)
 }
 
 // ForgetDetached drops the flows DetachFlows stopped from the live set:

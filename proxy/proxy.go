@@ -121,7 +121,8 @@ type Proxy struct {
 	coarse *conntrack.CoarseClock // the conntrack clock Run ticks; nil if injected
 	flows  *flowSet
 	// handoverCut is held for reading from a translated flow's Accept to
-	// its track, and for writing by DetachFlows (handover.go).
+	// its track, from a UDP flow's track to its attach, and for writing by
+	// DetachFlows (handover.go).
 	handoverCut sync.RWMutex
 	// detached are the flows DetachFlows stopped, for ReattachFlows
 	// (handover.go); only the handover's one goroutine touches it.
@@ -132,7 +133,13 @@ type Proxy struct {
 	unadopted []MovedFlow
 	poller    atomic.Pointer[replyPoller] // UDP replies (udppoll_linux.go), while Run runs
 	runOnce   sync.Once
-	defrag    *conntrack.Reassembler
+	// pollWait are UDP flows a handover brought that started before Run
+	// started its poller; Run adds them to it (udpmove.go). pollerStarted
+	// says it did (or failed to). Both under pollMu.
+	pollMu        sync.Mutex
+	pollWait      []*udpFlow
+	pollerStarted bool
+	defrag        *conntrack.Reassembler
 	// reopenGrace is how long a flow whose entry a SYN reopened may go on
 	// before the reaper ends it (flows.go, step 2): the TIME_WAIT timeout,
 	// on ctClock, the conntrack table's clock.
@@ -408,9 +415,10 @@ func (p *Proxy) Run(ctx context.Context) {
 		rp, err := newReplyPoller()
 		if err != nil {
 			p.logger.Info("UDP flows relay their replies on a goroutine each", zap.Error(err))
+			p.startPoller(nil)
 			return
 		}
-		p.poller.Store(rp)
+		p.startPoller(rp)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -180,17 +180,19 @@ func (x *xlOwner) run() {
 
 // detach implements mover: the flow stops first, then its entry is saved,
 // so that the entry has seen every segment the flow sent.
-func (x *xlOwner) detach() (MovedFlow, int, error) {
+func (x *xlOwner) detach(d *detaching) error {
 	m, err := x.t.Detach()
 	if err != nil {
-		return MovedFlow{}, 0, err
+		return err
 	}
 	saved, ok := x.p.ct.Save(x.tuple)
 	if !ok {
 		x.t.Reattach() // its end comes as for any flow whose entry went
-		return MovedFlow{}, 0, errors.New("proxy: the flow's conntrack entry is gone")
+		return errors.New("proxy: the flow's conntrack entry is gone")
 	}
-	return MovedFlow{Entry: saved, TCP: m, Endpoint: x.f.Endpoint, ServicePort: x.f.ServicePort}, x.hc.fd, nil
+	d.TCP = append(d.TCP, MovedFlow{Entry: saved, TCP: m, Endpoint: x.f.Endpoint, ServicePort: x.f.ServicePort})
+	d.tcpFDs = append(d.tcpFDs, x.hc.fd)
+	return nil
 }
 
 // reattach implements mover.
@@ -199,36 +201,45 @@ func (x *xlOwner) reattach() { x.t.Reattach() }
 // forget implements mover.
 func (x *xlOwner) forget() { x.p.untrack(x.f) }
 
-// AdoptFlows takes the translated flows the previous process handed over
-// (moved, with their sockets in files at the same index) into st: each
-// flow's conntrack entry is restored, the flow counted on its endpoint and
-// persistence template (balancing.go: RestoreBalancing goes first), its
-// TCP registered under its tuple, and an owner runs it as if it had been
-// accepted here, once
-// StartAdopted says the previous process has committed (until then the
-// flows are detached: nothing goes out). A flow that cannot
-// be adopted is reset (its socket closed with a RST; the client's next
-// segment meets the gate with no entry) and its client sent a RST by
-// StartAdopted; the files are this process's either way. It returns how many were adopted.
-func (p *Proxy) AdoptFlows(st *netstack.Stack, moved []MovedFlow, files []*os.File) (int, error) {
-	if len(moved) != len(files) {
+// AdoptFlows takes the flows the previous process handed over (moved,
+// with their sockets in files: the TCP flows' first, each list in order)
+// into st. Each flow's conntrack entry is restored and the flow counted on
+// its endpoint and persistence template (balancing.go: RestoreBalancing
+// goes first). A translated TCP flow's TCP is registered under its tuple,
+// and an owner runs it as if it had been accepted here; a UDP flow is
+// tracked around its socket (udpmove.go). Both start once StartAdopted
+// says the previous process has committed (until then nothing goes out,
+// and nothing is read). A TCP flow that cannot be adopted is reset (its
+// socket closed with a RST; the client's next segment meets the gate with
+// no entry) and its client sent a RST by StartAdopted; a UDP flow that
+// cannot be adopted is dropped (its socket closed, its entry gone: the
+// client's next datagram is new). The files are this process's either
+// way. It returns how many flows of each protocol were adopted.
+func (p *Proxy) AdoptFlows(st *netstack.Stack, moved Moved, files []*os.File) (tcp, udp int, err error) {
+	if len(moved.TCP)+len(moved.UDP) != len(files) {
 		for _, f := range files {
 			_ = f.Close()
 		}
-		p.unadopted = append(p.unadopted, moved...)
-		return 0, fmt.Errorf("proxy: %d flows handed over with %d sockets", len(moved), len(files))
+		p.unadopted = append(p.unadopted, moved.TCP...)
+		return 0, 0, fmt.Errorf("proxy: %d TCP and %d UDP flows handed over with %d sockets", len(moved.TCP), len(moved.UDP), len(files))
 	}
 	var errs []error
-	n := 0
-	for i, m := range moved {
+	for i, m := range moved.TCP {
 		if err := p.adopt(st, m, files[i]); err != nil {
 			p.unadopted = append(p.unadopted, m)
 			errs = append(errs, fmt.Errorf("%v: %w", m.Entry.Original, err))
 			continue
 		}
-		n++
+		tcp++
 	}
-	return n, errors.Join(errs...)
+	for i, m := range moved.UDP {
+		if err := p.adoptUDP(st, m, files[len(moved.TCP)+i]); err != nil {
+			errs = append(errs, fmt.Errorf("%v: %w", m.Entry.Original, err))
+			continue
+		}
+		udp++
+	}
+	return tcp, udp, errors.Join(errs...)
 }
 
 func (p *Proxy) adopt(st *netstack.Stack, m MovedFlow, file *os.File) error {
@@ -271,8 +282,8 @@ func (p *Proxy) adopt(st *netstack.Stack, m MovedFlow, file *os.File) error {
 }
 
 // StartAdopted starts the flows AdoptFlows took, and resets the clients
-// of those it could not take: the process they came from has committed to
-// the handover (before, it might take them back).
+// of the TCP flows it could not take: the process they came from has
+// committed to the handover (before, it might take them back).
 func (p *Proxy) StartAdopted(st *netstack.Stack) {
 	for _, m := range p.adopted {
 		m.reattach()

@@ -25,6 +25,9 @@ package proxy
 //  6. finish, once, on whichever goroutine ends the flow: out of the
 //     poller, both sockets closed, the flow forgotten; unless the reaper
 //     ended it, its entry goes too, so a later datagram is admitted afresh.
+//
+// A handover moves the flow to the next process, its endpoint socket and
+// conntrack entry with it (udpmove.go).
 
 import (
 	"context"
@@ -101,34 +104,26 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 	p.stats.count(conntrack.UDP, ResultProxied)
 	p.stats.countWay(conntrack.UDP, WayDirect)
 
-	u := &udpFlow{p: p, r: r, backend: backend}
-	u.flow = newFlow(tuple, false, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, u.finish)
+	u := p.newUDPFlow(r, backend, tuple, conntrack.Binding{Endpoint: endpoint, ServicePort: port.Name.String()}, pk.pp)
 	u.flow.count(pk)
 	u.flow.noteWay(p.cfg.Via, WayDirect)
+	// Tracked and attached in one step against a handover's cut
+	// (DetachFlows), which would otherwise find a flow not yet attached.
+	p.handoverCut.RLock()
 	if !p.track(u.flow) { // 3
+		p.handoverCut.RUnlock()
 		u.finish(true) // the entry went meanwhile: a later datagram starts afresh
 		return
 	}
-	u.mu.Lock()
-	if !u.closed {
-		u.stopWatch = context.AfterFunc(r.Context(), func() { u.finish(false) })
-	}
-	u.mu.Unlock()
+	u.watch()
 	if ce := p.logger.Check(zap.DebugLevel, "UDP flow started"); ce != nil {
 		ce.Write(zap.Stringer("client", r.Client()), zap.Stringer("service", r.Service()),
 			zap.Stringer("servicePort", port.Name), zap.Stringer("endpoint", endpoint))
 	}
-	var prefix []byte // the PROXY protocol v2 header before every datagram
-	if pk.pp != ProxyProtocolNone {
-		var err error
-		if prefix, err = AppendProxyHeader(nil, pk.pp, service.UDP, tuple.Src(), tuple.Dst()); err != nil {
-			p.logger.Warn("no PROXY protocol header for a UDP flow", zap.Stringer("servicePort", port.Name), zap.Error(err))
-		}
-	}
+	prefix := p.udpPrefix(pk.pp, tuple, port.Name.String())
 	s := newUDPSender(backend, &p.stats.bytes[0])
-	if s != nil {
-		s.prefix = prefix
-	} else {
+	if s == nil {
+		p.handoverCut.RUnlock()
 		done := make(chan struct{}, 2)
 		go p.pumpClientToEndpoint(r.Conn, backend, prefix, done)
 		go p.pumpEndpointToClient(backend, r.Conn, done)
@@ -137,24 +132,29 @@ func (p *Proxy) HandleUDP(r *netstack.UDPRequest) {
 		<-done
 		return
 	}
-	u.rc = s.rc
-	u.mu.Lock()
-	if u.closed {
-		u.mu.Unlock()
+	s.prefix = prefix
+	u.sender, u.rc = s, s.rc
+	polled := u.attach(false) // 4, 5
+	p.handoverCut.RUnlock()
+	if polled {
 		return
 	}
-	u.stopForward = r.Forward(s.send) // 4
-	if rp := p.poller.Load(); rp != nil {
-		if remove, err := rp.add(u, s.rc); err == nil { // 5
-			u.unpoll = remove
-			u.mu.Unlock()
-			return
-		}
-	}
-	u.mu.Unlock()
 	for u.relayOnce() {
 	}
 	u.finish(false)
+}
+
+// udpPrefix returns the PROXY protocol header that goes before every
+// datagram of a flow (pp; nil for none).
+func (p *Proxy) udpPrefix(pp ProxyProtocol, tuple conntrack.Tuple, servicePort string) []byte {
+	if pp == ProxyProtocolNone {
+		return nil
+	}
+	prefix, err := AppendProxyHeader(nil, pp, service.UDP, tuple.Src(), tuple.Dst())
+	if err != nil {
+		p.logger.Warn("no PROXY protocol header for a UDP flow", zap.String("servicePort", servicePort), zap.Error(err))
+	}
+	return prefix
 }
 
 // udpFlow is a proxied UDP flow's state after set-up.
@@ -163,13 +163,70 @@ type udpFlow struct {
 	r       *netstack.UDPRequest
 	backend net.Conn
 	rc      syscall.RawConn // of backend, when it is a kernel socket
+	sender  *udpSender      // when it is
 	flow    *flow
+	pp      ProxyProtocol // the PROXY protocol its datagrams carry, for a handover
 
 	mu          sync.Mutex
 	closed      bool
 	stopForward func()
 	stopWatch   func() bool
 	unpoll      func()
+	// detached is set while the flow is handed to the next process
+	// (udpmove.go): nothing forwards or relays for it. lent says its
+	// socket's descriptor is on its way there: finish leaves the socket
+	// open, for reattach or forget to close.
+	detached, lent bool
+
+	// relayMu is held while the poller relays the flow's replies; paused
+	// (under it) makes the poller leave them in the socket.
+	relayMu sync.Mutex
+	paused  bool
+}
+
+// newUDPFlow returns the flow of r to backend, not yet tracked.
+func (p *Proxy) newUDPFlow(r *netstack.UDPRequest, backend net.Conn, tuple conntrack.Tuple, b conntrack.Binding, pp ProxyProtocol) *udpFlow {
+	u := &udpFlow{p: p, r: r, backend: backend, pp: pp}
+	u.flow = newFlow(tuple, false, b, u.finish)
+	u.flow.mover = u
+	return u
+}
+
+// watch ends the flow when the stack closes.
+func (u *udpFlow) watch() {
+	u.mu.Lock()
+	if !u.closed {
+		u.stopWatch = context.AfterFunc(u.r.Context(), func() { u.finish(false) })
+	}
+	u.mu.Unlock()
+}
+
+// attach starts the datagrams both ways (steps 4 and 5): the client's go
+// to the sender, the endpoint's wait in the reply poller. It reports false
+// when no poller takes the replies: the caller relays them itself. A flow
+// that ended meanwhile has nothing to relay (true). With wait, a flow
+// attached before Run has started its poller waits for it (a handover's
+// flows); without, it relays on its own.
+func (u *udpFlow) attach(wait bool) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.closed {
+		return true
+	}
+	u.stopForward = u.r.Forward(u.sender.send)
+	rp, waiting := u.p.pollerOrWait(u, wait)
+	if waiting {
+		return true // Run adds it to its poller as it starts
+	}
+	if rp == nil {
+		return false
+	}
+	remove, err := rp.add(u, u.rc)
+	if err != nil {
+		return false
+	}
+	u.unpoll = remove
+	return true
 }
 
 // pollBatch bounds the datagrams one flow relays per readiness event, so
@@ -229,7 +286,7 @@ func (u *udpFlow) finish(byReaper bool) { // byReaper: the entry is gone already
 		return
 	}
 	u.closed = true
-	stopForward, stopWatch, unpoll := u.stopForward, u.stopWatch, u.unpoll
+	stopForward, stopWatch, unpoll, lent := u.stopForward, u.stopWatch, u.unpoll, u.lent
 	u.mu.Unlock()
 	if stopForward != nil {
 		stopForward()
@@ -240,8 +297,10 @@ func (u *udpFlow) finish(byReaper bool) { // byReaper: the entry is gone already
 	if unpoll != nil {
 		unpoll()
 	}
-	_ = u.r.Conn.Close()
-	_ = u.backend.Close()
+	_ = u.r.Close()
+	if !lent { // else its descriptor number is on its way to the next process: it must not be reused
+		_ = u.backend.Close()
+	}
 	if !byReaper {
 		u.p.ct.DeleteFlow(u.flow.tuple, u.flow)
 	}
@@ -298,6 +357,9 @@ type udpSender struct {
 	// protocol v2 header (a header of its own would be a datagram of its
 	// own); scratch holds prefix and payload together.
 	prefix, scratch []byte
+	// paused drops what send is given: the flow is handed to the next
+	// process, which writes to the socket from then on.
+	paused bool
 }
 
 // newUDPSender returns a sender on c, or nil when c is not a kernel socket.
@@ -323,6 +385,10 @@ func (s *udpSender) write(fd uintptr) bool {
 // send writes b as one datagram; b is not kept.
 func (s *udpSender) send(b []byte) {
 	s.mu.Lock()
+	if s.paused {
+		s.mu.Unlock()
+		return
+	}
 	s.buf = b
 	if len(s.prefix) > 0 {
 		s.scratch = append(append(s.scratch[:0], s.prefix...), b...)
@@ -338,6 +404,14 @@ func (s *udpSender) send(b []byte) {
 	if err == nil {
 		s.sent.Add(uint64(n))
 	}
+}
+
+// pause makes send drop datagrams (or write them again), once a send
+// under way has returned.
+func (s *udpSender) pause(paused bool) {
+	s.mu.Lock()
+	s.paused = paused
+	s.mu.Unlock()
 }
 
 var udpPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}

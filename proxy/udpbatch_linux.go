@@ -64,6 +64,11 @@ func (b *replyBatch) recvmmsg(fd uintptr) (int, syscall.Errno) {
 // datagrams, and reports false once the socket or the client's side was
 // closed. Errors are taken as relayOnce takes them.
 func (u *udpFlow) relayBatch(b *replyBatch) bool {
+	u.relayMu.Lock()
+	defer u.relayMu.Unlock()
+	if u.paused { // handed over (an event fetched before it left the poller)
+		return true
+	}
 	ok := true
 	err := u.rc.Read(func(fd uintptr) bool {
 		for relayed := 0; relayed < pollBatch; {

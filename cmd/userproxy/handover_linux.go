@@ -5,8 +5,9 @@ package main
 //  1. A running proxy listens on its handover socket (--handover-socket).
 //  2. A new one started with --take-over dials it when it would open the
 //     TUN; nobody there is a clean start. The old one pauses its TUN's
-//     readers, detaches its translated flows and sends its TUN queues,
-//     their sockets and a snapshot (snapshot.go).
+//     readers, detaches its translated TCP flows and its UDP flows, and
+//     sends its TUN queues, the flows' sockets and a snapshot
+//     (snapshot.go).
 //  3. The new one opens its link on the queues it received, builds its
 //     stack and adopts the flows, all without acting on them (no packet
 //     read, no segment sent), and confirms. The old one commits: it leaves
@@ -44,7 +45,7 @@ const (
 type takeover struct {
 	taker  *handover.Taker
 	link   linkState
-	flows  []proxy.MovedFlow
+	flows  proxy.Moved
 	syns   [][]byte
 	queues []*os.File
 	socks  []*os.File
@@ -85,8 +86,8 @@ func takeOver(path string, logger *zap.Logger) (*takeover, error) {
 		return nil, fmt.Errorf("taking over from pid %d: %w", tk.ServerPID, err)
 	}
 	l, flows, syns, err := decodeSnapshot(snap)
-	if err == nil && len(files) != l.queues+len(flows) {
-		err = fmt.Errorf("%d descriptors for %d queues and %d flows", len(files), l.queues, len(flows))
+	if err == nil && len(files) != l.queues+len(flows.TCP)+len(flows.UDP) {
+		err = fmt.Errorf("%d descriptors for %d queues, %d TCP and %d UDP flows", len(files), l.queues, len(flows.TCP), len(flows.UDP))
 	}
 	if err != nil {
 		tk.Fail(err.Error())
@@ -252,13 +253,14 @@ func (h *handoverServer) offer(o *handover.Offer) bool {
 		h.stats.failed.Add(1)
 		h.px.ReattachFlows()
 		h.tun.link.ResumeReads()
-		log.Warn("handover failed: serving on", zap.Error(err), zap.Int("flows", len(moved)), zap.Duration("paused", time.Since(paused)))
+		log.Warn("handover failed: serving on", zap.Error(err), zap.Int("flows", len(moved.TCP)), zap.Int("udpFlows", len(moved.UDP)),
+			zap.Duration("paused", time.Since(paused)))
 		return false
 	}
 	// The device, its routes and the moved flows are the new process's.
 	h.tun.routes, h.tun.handedOver = nil, true
 	h.px.ForgetDetached()
-	log.Info("handed over", zap.Int("flowsMoved", len(moved)), zap.Int("synsMoved", len(syns)), zap.Int("queues", len(queueFDs)),
+	log.Info("handed over", zap.Int("flowsMoved", len(moved.TCP)), zap.Int("udpFlowsMoved", len(moved.UDP)), zap.Int("synsMoved", len(syns)), zap.Int("queues", len(queueFDs)),
 		zap.Duration("paused", time.Since(paused)), zap.Int("snapshotBytes", len(snap)))
 	return true
 }
@@ -275,7 +277,7 @@ func adoptFlows(to *takeover, tun *tunDevice, st *netstack.Stack, px *proxy.Prox
 	if err != nil {
 		logger.Warn("balancing state handed over that could not be restored: dropped", zap.Error(err))
 	}
-	n, err := px.AdoptFlows(st, to.flows, to.socks)
+	n, nUDP, err := px.AdoptFlows(st, to.flows, to.socks)
 	to.socks = nil // the proxy's
 	if err != nil {
 		logger.Warn("flows handed over that could not be taken: reset", zap.Error(err))
@@ -290,11 +292,12 @@ func adoptFlows(to *takeover, tun *tunDevice, st *netstack.Stack, px *proxy.Prox
 	st.DeliverInbound(to.syns)
 	tun.link.ResumeReads()
 	pause := time.Since(to.start)
-	stats.takenMoved.Store(uint64(n))
-	stats.takenReset.Store(uint64(len(to.flows) - n))
+	reset, udpDropped := len(to.flows.TCP)-n, len(to.flows.UDP)-nUDP
+	stats.takenMoved.Store(uint64(n + nUDP))
+	stats.takenReset.Store(uint64(reset + udpDropped))
 	stats.takenPause.Store(int64(pause))
 	logger.Info("took over", zap.Int("from", to.taker.ServerPID), zap.Int("flowsMoved", n),
-		zap.Int("flowsReset", len(to.flows)-n), zap.Int("syns", len(to.syns)), zap.Int("balancingRestored", balRestored), zap.Int("balancingDropped", balDropped),
+		zap.Int("flowsReset", reset), zap.Int("udpFlowsMoved", nUDP), zap.Int("udpFlowsDropped", udpDropped), zap.Int("syns", len(to.syns)), zap.Int("balancingRestored", balRestored), zap.Int("balancingDropped", balDropped),
 		zap.Duration("paused", pause))
 	return nil
 }

@@ -14,11 +14,17 @@ package main
 //	balancing  the ClientIP affinity lists, persistence templates and
 //	       rr/wrr positions per service port (proxy.Balancing); the new
 //	       process restores them before it adopts the flows
+//	udp    the UDP flows: each one's conntrack entry, its endpoint, service
+//	       port and PROXY protocol setting (its socket is the descriptor
+//	       after the TCP flows', at its index)
 //
 // Format 1 of package handover; a field added is a new format. A section
 // added is not: a reader picks the sections it knows by id and skips the
-// rest, and reads a missing balancing section as no state, so a process
-// of either build takes over from the other (and loses only the pins).
+// rest, and reads a missing balancing or udp section as no state, so a
+// process of this build takes over from an older one (and loses only the
+// pins). The other way round, an older taker counts descriptors it does
+// not expect when UDP flows come with them, and refuses the handover: the
+// old process serves on.
 
 import (
 	"bytes"
@@ -40,6 +46,7 @@ const (
 	sectionFlows     = 2
 	sectionSYNs      = 3
 	sectionBalancing = 4
+	sectionUDP       = 5
 )
 
 // maxSYN bounds a SYN read from a snapshot: IP and TCP headers with every
@@ -65,7 +72,8 @@ type linkState struct {
 // be days) with room to spare.
 const maxTimer = 365 * 24 * time.Hour
 
-func encodeSnapshot(l linkState, flows []proxy.MovedFlow, syns [][]byte) []byte {
+func encodeSnapshot(l linkState, moved proxy.Moved, syns [][]byte) []byte {
+	flows := moved.TCP
 	var s handover.Snapshot
 	s.Section(sectionLink, func(e *handover.Enc) {
 		e.String(l.name)
@@ -93,11 +101,17 @@ func encodeSnapshot(l linkState, flows []proxy.MovedFlow, syns [][]byte) []byte 
 		}
 	})
 	s.Section(sectionBalancing, func(e *handover.Enc) { encodeBalancing(e, &l.balancing) })
+	s.Section(sectionUDP, func(e *handover.Enc) {
+		e.U32(uint32(len(moved.UDP)))
+		for i := range moved.UDP {
+			encodeUDPFlow(e, &moved.UDP[i])
+		}
+	})
 	return s.Bytes()
 }
 
-func encodeFlow(e *handover.Enc, f *proxy.MovedFlow) {
-	en := &f.Entry
+// encodeEntry writes a saved conntrack entry's fields but its TCP state.
+func encodeEntry(e *handover.Enc, en *conntrack.Saved) {
 	e.U8(uint8(en.Original.Proto()))
 	e.AddrPort(en.Original.Src())
 	e.AddrPort(en.Original.Dst())
@@ -108,6 +122,18 @@ func encodeFlow(e *handover.Enc, f *proxy.MovedFlow) {
 	e.Duration(en.Age)
 	e.Duration(en.Idle)
 	e.Duration(en.Timeout)
+}
+
+func encodeUDPFlow(e *handover.Enc, f *proxy.MovedUDP) {
+	encodeEntry(e, &f.Entry)
+	e.AddrPort(f.Endpoint)
+	e.String(f.ServicePort)
+	e.U8(uint8(f.ProxyProtocol))
+}
+
+func encodeFlow(e *handover.Enc, f *proxy.MovedFlow) {
+	en := &f.Entry
+	encodeEntry(e, en)
 	e.Bytes(en.TCP[:])
 	m := &f.TCP
 	e.Bool(m.SynRcvd)
@@ -135,10 +161,10 @@ func encodeFlow(e *handover.Enc, f *proxy.MovedFlow) {
 // decodeSnapshot reads a snapshot; every field is bounded, and what the
 // flows' own checks (conntrack.Restore, translate.Restore) refuse is
 // refused there, flow by flow.
-func decodeSnapshot(b []byte) (linkState, []proxy.MovedFlow, [][]byte, error) {
+func decodeSnapshot(b []byte) (linkState, proxy.Moved, [][]byte, error) {
 	secs, err := handover.Sections(b)
 	if err != nil {
-		return linkState{}, nil, nil, err
+		return linkState{}, proxy.Moved{}, nil, err
 	}
 	var l linkState
 	d := handover.NewDec(secs[sectionLink])
@@ -158,29 +184,15 @@ func decodeSnapshot(b []byte) (linkState, []proxy.MovedFlow, [][]byte, error) {
 		l.routes = append(l.routes, p)
 	}
 	if err := d.End(); err != nil {
-		return linkState{}, nil, nil, fmt.Errorf("link section: %w", err)
+		return linkState{}, proxy.Moved{}, nil, fmt.Errorf("link section: %w", err)
 	}
 	if l.name == "" || l.queues < 1 || l.queues > 1024 || l.mtu < 576 || l.mtu > 65535 {
-		return linkState{}, nil, nil, fmt.Errorf("%w: link %q, %d queues, MTU %d", handover.ErrCorrupt, l.name, l.queues, l.mtu)
+		return linkState{}, proxy.Moved{}, nil, fmt.Errorf("%w: link %q, %d queues, MTU %d", handover.ErrCorrupt, l.name, l.queues, l.mtu)
 	}
 	d = handover.NewDec(secs[sectionFlows])
-	n := d.Count(64)
-	flows := make([]proxy.MovedFlow, 0, n)
-	seen := make(map[conntrack.Tuple]bool, n)
-	for range n {
-		f := decodeFlow(d)
-		if d.Err() != nil {
-			break
-		}
-		if seen[f.Entry.Original] {
-			d.Fail("flow %v twice", f.Entry.Original)
-			break
-		}
-		seen[f.Entry.Original] = true
-		flows = append(flows, f)
-	}
+	flows := decodeFlows(d, 64, decodeFlow, func(f *proxy.MovedFlow) conntrack.Tuple { return f.Entry.Original })
 	if err := d.End(); err != nil {
-		return linkState{}, nil, nil, fmt.Errorf("flows section: %w", err)
+		return linkState{}, proxy.Moved{}, nil, fmt.Errorf("flows section: %w", err)
 	}
 	d = handover.NewDec(secs[sectionSYNs])
 	var syns [][]byte
@@ -192,31 +204,83 @@ func decodeSnapshot(b []byte) (linkState, []proxy.MovedFlow, [][]byte, error) {
 		syns = append(syns, bytes.Clone(p))
 	}
 	if err := d.End(); err != nil {
-		return linkState{}, nil, nil, fmt.Errorf("SYNs section: %w", err)
+		return linkState{}, proxy.Moved{}, nil, fmt.Errorf("SYNs section: %w", err)
 	}
 	if b, ok := secs[sectionBalancing]; ok { // none from a build before it
 		d = handover.NewDec(b)
 		l.balancing = decodeBalancing(d)
 		if err := d.End(); err != nil {
-			return linkState{}, nil, nil, fmt.Errorf("balancing section: %w", err)
+			return linkState{}, proxy.Moved{}, nil, fmt.Errorf("balancing section: %w", err)
 		}
 	}
-	return l, flows, syns, nil
+	var udp []proxy.MovedUDP
+	if b, ok := secs[sectionUDP]; ok { // none from a build before it
+		d = handover.NewDec(b)
+		udp = decodeFlows(d, minUDPFlow, decodeUDPFlow, func(f *proxy.MovedUDP) conntrack.Tuple { return f.Entry.Original })
+		if err := d.End(); err != nil {
+			return linkState{}, proxy.Moved{}, nil, fmt.Errorf("UDP section: %w", err)
+		}
+	}
+	return l, proxy.Moved{TCP: flows, UDP: udp}, syns, nil
 }
 
-func decodeFlow(d *handover.Dec) proxy.MovedFlow {
-	var f proxy.MovedFlow
-	en := &f.Entry
+// decodeEntry reads what encodeEntry wrote, of a flow of protocol want.
+func decodeEntry(d *handover.Dec, en *conntrack.Saved, want conntrack.Protocol) {
 	proto := conntrack.Protocol(d.U8())
 	src, dst := d.AddrPort(), d.AddrPort()
-	if proto != conntrack.TCP || !src.IsValid() || !dst.IsValid() || src.Addr().Is4() != dst.Addr().Is4() {
+	if proto != want || !src.IsValid() || !dst.IsValid() || src.Addr().Is4() != dst.Addr().Is4() {
 		d.Fail("a flow of protocol %d from %v to %v", proto, src, dst)
-		return f
+		return
 	}
 	en.Original = conntrack.MakeTuple(proto, src, dst)
 	en.Status = conntrack.Status(d.U8())
 	en.Packets[0], en.Packets[1], en.Bytes[0], en.Bytes[1] = d.U64(), d.U64(), d.U64(), d.U64()
 	en.Age, en.Idle, en.Timeout = d.Duration(maxTimer), d.Duration(maxTimer), d.Duration(maxTimer)
+}
+
+// minUDPFlow is the least bytes a UDP flow of the udp section takes.
+const minUDPFlow = 1 + 2*3 + 1 + 4*8 + 3*8 + 3 + 4 + 1
+
+// decodeFlows reads a count and that many flows of at least each bytes
+// (decode reads one), and fails on a flow (by its tuple, key) twice.
+func decodeFlows[F any](d *handover.Dec, each int, decode func(*handover.Dec) F, key func(*F) conntrack.Tuple) []F {
+	n := d.Count(each)
+	flows := make([]F, 0, n)
+	seen := make(map[conntrack.Tuple]bool, n)
+	for range n {
+		f := decode(d)
+		if d.Err() != nil {
+			break
+		}
+		k := key(&f)
+		if seen[k] {
+			d.Fail("flow %v twice", k)
+			break
+		}
+		seen[k] = true
+		flows = append(flows, f)
+	}
+	return flows
+}
+
+func decodeUDPFlow(d *handover.Dec) proxy.MovedUDP {
+	var f proxy.MovedUDP
+	decodeEntry(d, &f.Entry, conntrack.UDP)
+	f.Endpoint = d.AddrPort()
+	f.ServicePort = d.String()
+	f.ProxyProtocol = proxy.ProxyProtocol(d.U8())
+	if d.Err() == nil && (!f.Endpoint.IsValid() || f.ProxyProtocol > proxy.ProxyProtocolV2) {
+		d.Fail("a UDP flow to %v with PROXY protocol %d", f.Endpoint, f.ProxyProtocol)
+	}
+	return f
+}
+
+func decodeFlow(d *handover.Dec) proxy.MovedFlow {
+	var f proxy.MovedFlow
+	en := &f.Entry
+	if decodeEntry(d, en, conntrack.TCP); d.Err() != nil {
+		return f
+	}
 	if tcp := d.Bytes(); len(tcp) == len(en.TCP) {
 		copy(en.TCP[:], tcp)
 	} else {

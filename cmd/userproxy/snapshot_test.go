@@ -15,8 +15,9 @@ import (
 	"github.com/userproxy/userproxy/service"
 )
 
-// testSnapshot is a link and two flows with every field set.
-func testSnapshot() (linkState, []proxy.MovedFlow) {
+// testSnapshot is a link, two TCP flows and two UDP flows with every
+// field set.
+func testSnapshot() (linkState, proxy.Moved) {
 	l := linkState{name: "userproxy0", mtu: 65520, vnet: true, queues: 2, created: true,
 		routes: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("fd00:96::/112")}}
 	var flows []proxy.MovedFlow
@@ -43,7 +44,21 @@ func testSnapshot() (linkState, []proxy.MovedFlow) {
 		flows = append(flows, f)
 	}
 	l.balancing = testBalancing()
-	return l, flows
+	udp := []proxy.MovedUDP{{
+		Entry: conntrack.Saved{
+			Original: conntrack.MakeTuple(conntrack.UDP, netip.MustParseAddrPort("10.0.0.7:40002"), netip.MustParseAddrPort("10.96.0.53:53")),
+			Status:   conntrack.StatusSeenReply, Packets: [2]uint64{3, 4}, Bytes: [2]uint64{300, 400},
+			Age: 5 * time.Second, Idle: time.Second, Timeout: 2 * time.Minute,
+		},
+		Endpoint: netip.MustParseAddrPort("10.244.1.6:53"), ServicePort: "kube-system/dns:dns", ProxyProtocol: proxy.ProxyProtocolV2,
+	}, {
+		Entry: conntrack.Saved{
+			Original: conntrack.MakeTuple(conntrack.UDP, netip.MustParseAddrPort("[fd00::7]:40003"), netip.MustParseAddrPort("[fd00:96::53]:53")),
+			Age:      time.Second, Timeout: 29 * time.Second,
+		},
+		Endpoint: netip.MustParseAddrPort("[fd00:244::6]:53"), ServicePort: "kube-system/dns:dns",
+	}}
+	return l, proxy.Moved{TCP: flows, UDP: udp}
 }
 
 // testBalancing is a port with affinity lists and one with IPVS sets, with
@@ -66,8 +81,8 @@ func testBalancing() proxy.Balancing {
 	}}
 }
 
-// TestSnapshotRoundTrip: the link and every field of every flow read back
-// as written.
+// TestSnapshotRoundTrip: the link and every field of every flow, TCP and
+// UDP, read back as written.
 func TestSnapshotRoundTrip(t *testing.T) {
 	l, flows := testSnapshot()
 	syns := [][]byte{make([]byte, 60), make([]byte, 80)}
@@ -96,13 +111,32 @@ func TestSnapshotDecodeRefuses(t *testing.T) {
 	if _, _, _, err := decodeSnapshot(encodeSnapshot(bad, flows, nil)); !errors.Is(err, handover.ErrCorrupt) {
 		t.Errorf("no queues: %v", err)
 	}
-	if _, _, _, err := decodeSnapshot(encodeSnapshot(l, []proxy.MovedFlow{flows[0], flows[0]}, nil)); !errors.Is(err, handover.ErrCorrupt) {
-		t.Errorf("a flow twice: %v", err)
+	for name, m := range map[string]proxy.Moved{
+		"a flow twice":     {TCP: []proxy.MovedFlow{flows.TCP[0], flows.TCP[0]}},
+		"a UDP flow twice": {UDP: []proxy.MovedUDP{flows.UDP[0], flows.UDP[0]}},
+	} {
+		if _, _, _, err := decodeSnapshot(encodeSnapshot(l, m, nil)); !errors.Is(err, handover.ErrCorrupt) {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
-	udp := flows[0]
+	udp := flows.TCP[0]
 	udp.Entry.Original = conntrack.MakeTuple(conntrack.UDP, udp.Entry.Original.Src(), udp.Entry.Original.Dst())
-	if _, _, _, err := decodeSnapshot(encodeSnapshot(l, []proxy.MovedFlow{udp}, nil)); !errors.Is(err, handover.ErrCorrupt) {
-		t.Errorf("a UDP flow: %v", err)
+	if _, _, _, err := decodeSnapshot(encodeSnapshot(l, proxy.Moved{TCP: []proxy.MovedFlow{udp}}, nil)); !errors.Is(err, handover.ErrCorrupt) {
+		t.Errorf("a UDP flow among the TCP ones: %v", err)
+	}
+	for name, change := range map[string]func(*proxy.MovedUDP){
+		"a TCP flow among the UDP ones": func(f *proxy.MovedUDP) {
+			f.Entry.Original = conntrack.MakeTuple(conntrack.TCP, f.Entry.Original.Src(), f.Entry.Original.Dst())
+		},
+		"a PROXY protocol v3":    func(f *proxy.MovedUDP) { f.ProxyProtocol = 3 },
+		"no endpoint":            func(f *proxy.MovedUDP) { f.Endpoint = netip.AddrPort{} },
+		"a negative UDP timeout": func(f *proxy.MovedUDP) { f.Entry.Timeout = -1 },
+	} {
+		bad := flows.UDP[0]
+		change(&bad)
+		if _, _, _, err := decodeSnapshot(encodeSnapshot(l, proxy.Moved{UDP: []proxy.MovedUDP{bad}}, nil)); !errors.Is(err, handover.ErrCorrupt) {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 	for name, change := range map[string]func(*proxy.Balancing){
 		"a fourth endpoint set":      func(b *proxy.Balancing) { b.Ports[1].Sets[0].Set = 3 },
@@ -122,8 +156,8 @@ func TestSnapshotDecodeRefuses(t *testing.T) {
 }
 
 // TestSnapshotWithoutBalancing: a snapshot from a build that wrote no
-// balancing section reads as one with no state; a section this build does
-// not know is skipped.
+// balancing and no udp section reads as one with no such state; a section
+// this build does not know is skipped.
 func TestSnapshotWithoutBalancing(t *testing.T) {
 	l, flows := testSnapshot()
 	secs, err := handover.Sections(encodeSnapshot(l, flows, nil))
@@ -139,8 +173,8 @@ func TestSnapshotWithoutBalancing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(gotL.balancing.Ports) != 0 || !reflect.DeepEqual(gotFlows, flows) {
-		t.Fatalf("balancing %+v, %d flows; want none and the flows", gotL.balancing, len(gotFlows))
+	if len(gotL.balancing.Ports) != 0 || len(gotFlows.UDP) != 0 || !reflect.DeepEqual(gotFlows.TCP, flows.TCP) {
+		t.Fatalf("balancing %+v, %d TCP and %d UDP flows; want none and the TCP flows", gotL.balancing, len(gotFlows.TCP), len(gotFlows.UDP))
 	}
 }
 
@@ -155,14 +189,18 @@ func FuzzDecodeSnapshot(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(secs[sectionBalancing]) // for wrapBalancing
+	f.Add(secs[sectionUDP])       // for wrapUDP
 	f.Fuzz(func(t *testing.T, b []byte) {
-		for _, in := range [][]byte{b, wrapBody(b), wrapBalancing(b)} {
+		for _, in := range [][]byte{b, wrapBody(b), wrapBalancing(b), wrapUDP(b)} {
 			l, flows, syns, err := decodeSnapshot(in)
 			if err != nil {
 				continue
 			}
-			if l.queues < 1 || l.queues > 1024 || len(flows) > len(in) || len(syns) > len(in) {
-				t.Fatalf("decoded %d queues, %d flows from %d bytes", l.queues, len(flows), len(in))
+			if l.queues < 1 || l.queues > 1024 || len(flows.TCP)+len(flows.UDP) > len(in) || len(syns) > len(in) {
+				t.Fatalf("decoded %d queues, %d flows from %d bytes", l.queues, len(flows.TCP)+len(flows.UDP), len(in))
+			}
+			for _, f := range flows.UDP {
+				checkUDPFlow(t, f)
 			}
 			restoreBalancing(t, l.balancing)
 		}
@@ -190,7 +228,15 @@ func wrapBody(b []byte) []byte {
 
 // wrapBalancing puts b in a snapshot as its balancing section, beside a
 // valid link and no flows.
-func wrapBalancing(b []byte) []byte {
+func wrapBalancing(b []byte) []byte { return wrapSection(sectionBalancing, b) }
+
+// wrapUDP puts b in a snapshot as its udp section, beside a valid link
+// and no other flows.
+func wrapUDP(b []byte) []byte { return wrapSection(sectionUDP, b) }
+
+// wrapSection puts b in a snapshot as section id, beside a valid link, no
+// flows and no SYNs.
+func wrapSection(id uint16, b []byte) []byte {
 	var s handover.Snapshot
 	s.Section(sectionLink, func(e *handover.Enc) {
 		e.String("userproxy0")
@@ -202,8 +248,26 @@ func wrapBalancing(b []byte) []byte {
 	})
 	s.Section(sectionFlows, func(e *handover.Enc) { e.U32(0) })
 	s.Section(sectionSYNs, func(e *handover.Enc) { e.U32(0) })
-	s.Section(sectionBalancing, func(e *handover.Enc) { appendRaw(e, b) })
+	s.Section(id, func(e *handover.Enc) { appendRaw(e, b) })
 	return s.Bytes()
+}
+
+// checkUDPFlow holds a decoded UDP flow to what the decoder promises, and
+// hands its entry to a conntrack table, as adoption does: a refusal is
+// fine, a panic or an entry that is not the flow's is not.
+func checkUDPFlow(t *testing.T, f proxy.MovedUDP) {
+	if f.Entry.Original.Proto() != conntrack.UDP || !f.Endpoint.IsValid() || f.ProxyProtocol > proxy.ProxyProtocolV2 {
+		t.Fatalf("decoded UDP flow %+v", f)
+	}
+	ct, err := conntrack.NewTable(conntrack.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct.Restore(f.Entry) == nil {
+		if info, ok := ct.Get(f.Entry.Original); !ok || info.Original != f.Entry.Original {
+			t.Fatalf("restored %v, got %+v", f.Entry.Original, info)
+		}
+	}
 }
 
 // restoreBalancing hands decoded state to what restores it in the next

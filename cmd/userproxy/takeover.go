@@ -84,11 +84,11 @@ type handoverStats struct {
 func (h *handoverStats) register(reg prometheus.Registerer) error {
 	for _, c := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "userproxy_handover_taken_flows", Help: "Flows this process took over from the one it replaced (run --take-over): moved, or reset because they could not be adopted.",
+			Name: "userproxy_handover_taken_flows", Help: "Flows (translated TCP and UDP) this process took over from the one it replaced (run --take-over): moved, or reset or dropped because they could not be adopted.",
 			ConstLabels: prometheus.Labels{"result": "moved"},
 		}, func() float64 { return float64(h.takenMoved.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "userproxy_handover_taken_flows", Help: "Flows this process took over from the one it replaced (run --take-over): moved, or reset because they could not be adopted.",
+			Name: "userproxy_handover_taken_flows", Help: "Flows (translated TCP and UDP) this process took over from the one it replaced (run --take-over): moved, or reset or dropped because they could not be adopted.",
 			ConstLabels: prometheus.Labels{"result": "reset"},
 		}, func() float64 { return float64(h.takenReset.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -10,6 +10,7 @@ package proxy
 
 import (
 	"net/netip"
+	"slices"
 
 	"github.com/userproxy/userproxy/conntrack"
 	"github.com/userproxy/userproxy/netstack"
@@ -38,15 +39,21 @@ type MovedUDP struct {
 
 // Moved is the flows DetachFlows stopped, or AdoptFlows takes.
 type Moved struct {
-	TCP []MovedFlow
-	UDP []MovedUDP
+	TCP  []MovedFlow
+	UDP  []MovedUDP
+	Host []MovedHost // hostmove.go
 }
 
+// sockets is how many descriptors travel with m: one per translated TCP
+// and UDP flow, two per host flow.
+func (m *Moved) sockets() int { return len(m.TCP) + len(m.UDP) + 2*len(m.Host) }
+
 // detaching collects what DetachFlows stops: the flows' states and their
-// sockets' descriptors, by protocol (the TCP ones go first).
+// sockets' descriptors, by kind (translated TCP, UDP, host TCP: in that
+// order on the wire).
 type detaching struct {
 	Moved
-	tcpFDs, udpFDs []int
+	tcpFDs, udpFDs, hostFDs []int
 }
 
 // mover hands one flow over: detach stops it and adds its state and its
@@ -82,7 +89,7 @@ func (p *Proxy) DetachFlows() (Moved, []int) {
 		}
 		p.detached = append(p.detached, m)
 	}
-	return d.Moved, append(d.tcpFDs, d.udpFDs...)
+	return d.Moved, slices.Concat(d.tcpFDs, d.udpFDs, d.hostFDs)
 }
 
 // ForgetDetached drops the flows DetachFlows stopped from the live set:

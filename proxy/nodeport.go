@@ -252,6 +252,8 @@ func (n *NodePorts) handleTCP(c net.Conn, fam service.Family, port uint16) {
 	s := &splice{client: c, backend: backend, proxy: p, resetClient: func() { resetTCP(c) }}
 	f := newFlow(tuple, true, conntrack.Binding{Endpoint: pk.endpoint, ServicePort: pk.port.Name.String()}, func(bool) { s.abort() })
 	s.touch = func() { p.ct.Touch(tuple, conntrack.Original, f) } // not a newer flow's, once reopened
+	// A handover may move it (hostmove.go).
+	movable(p, s, f)
 	f.count(pk)
 	f.noteWay(p.cfg.Via, way)
 	defer p.untrack(f)

@@ -15,6 +15,7 @@ package proxy
 //     a reset on one side resets the other; both done -> both closed.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -187,7 +188,24 @@ type splice struct {
 	// alive with it.
 	touch     func()
 	lastTouch atomic.Int64
+	// A handover parks a host flow's copiers (hostmove.go). parking says
+	// so: a copier whose socket's deadline passed then reports on
+	// parked[dir] the bytes it read and has not written, and waits on
+	// resume[dir] (true: copy on; false: stop, leaving the sockets to the
+	// next process). exited[dir] is closed as a copier returns, eof[dir]
+	// set when it returned at its source's EOF (its destination
+	// half-closed). pending[dir] is what an adopted flow's copier writes
+	// first. All nil or zero for a flow that cannot move.
+	parking atomic.Bool
+	parked  [2]chan []byte
+	resume  [2]chan bool
+	exited  [2]chan struct{}
+	eof     [2]atomic.Bool
+	pending [2][]byte
 }
+
+// errHandedOff ends a parked copier that the next process goes on for.
+var errHandedOff = errors.New("proxy: the flow was handed to the next process")
 
 // touchEvery is how often an active host-socket flow refreshes its
 // conntrack entry.
@@ -231,8 +249,17 @@ func resetTCP(c net.Conn) {
 // not three.
 func (s *splice) run() {
 	done := make(chan struct{})
-	go s.copyClientToEndpoint(done)
-	s.copyEndpointToClient()
+	if s.eof[0].Load() { // an adopted flow whose client had half-closed
+		s.exit(0)
+		close(done)
+	} else {
+		go s.copyClientToEndpoint(done)
+	}
+	if s.eof[1].Load() {
+		s.exit(1)
+	} else {
+		s.copyEndpointToClient()
+	}
 	<-done
 	_ = s.client.Close()
 	_ = s.backend.Close()
@@ -240,11 +267,33 @@ func (s *splice) run() {
 
 func (s *splice) copyClientToEndpoint(done chan<- struct{}) { // copier: client -> endpoint
 	_ = s.copy(s.backend, s.client, 0)
+	s.exit(0)
 	close(done)
 }
 
 func (s *splice) copyEndpointToClient() { // copier: endpoint -> client, on the handler's goroutine
 	_ = s.copy(s.client, s.backend, 1)
+	s.exit(1)
+}
+
+// exit notes that dir's copier returned (a flow that can move).
+func (s *splice) exit(dir int) {
+	if s.exited[dir] != nil {
+		close(s.exited[dir])
+	}
+}
+
+// parkAt parks dir's copier for a handover with pending, the bytes it
+// read and did not write, when parking is on and err is its socket's
+// deadline; it reports whether it parked, and then whether to copy on
+// (false: the next process has the flow).
+func (s *splice) parkAt(dir int, pending []byte, err error) (parked, goOn bool) {
+	var ne net.Error
+	if s.parked[dir] == nil || !s.parking.Load() || !errors.As(err, &ne) || !ne.Timeout() {
+		return false, false
+	}
+	s.parked[dir] <- bytes.Clone(pending)
+	return true, <-s.resume[dir]
 }
 
 // copy moves bytes from src to dst. At src's EOF it half-closes dst; on a
@@ -254,7 +303,28 @@ func (s *splice) copy(dst, src net.Conn, dir int) error {
 	bp := bufPool.Get().(*[]byte)
 	defer func() { putBuf(bp) }()
 	buf := *bp
+	pending := s.pending[dir] // an adopted flow's, written first
+	s.pending[dir] = nil
 	for {
+		// Bytes read and not yet written: an adopted flow's, or those of a
+		// write a handover cut short and then gave back.
+		for len(pending) > 0 {
+			w, werr := dst.Write(pending)
+			s.proxy.stats.bytes[dir].Add(uint64(w))
+			if werr != nil {
+				parked, goOn := s.parkAt(dir, pending[w:], werr)
+				if !parked {
+					s.abort()
+					return werr
+				}
+				if !goOn {
+					return errHandedOff
+				}
+				pending = pending[w:]
+				continue
+			}
+			pending = nil
+		}
 		n, rerr := src.Read(buf)
 		if s.touch != nil {
 			if now := time.Now().UnixNano(); now-s.lastTouch.Load() > int64(touchEvery) {
@@ -263,11 +333,20 @@ func (s *splice) copy(dst, src net.Conn, dir int) error {
 			}
 		}
 		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				s.abort()
-				return werr
+			w, werr := dst.Write(buf[:n])
+			s.proxy.stats.bytes[dir].Add(uint64(w))
+			if werr != nil {
+				parked, goOn := s.parkAt(dir, buf[w:n], werr)
+				if !parked {
+					s.abort()
+					return werr
+				}
+				if !goOn {
+					return errHandedOff
+				}
+				pending = bytes.Clone(buf[w:n])
+				continue
 			}
-			s.proxy.stats.bytes[dir].Add(uint64(n))
 		}
 		if rerr == nil {
 			// Size the next read (see bulkPool).
@@ -290,7 +369,14 @@ func (s *splice) copy(dst, src net.Conn, dir int) error {
 			} else {
 				_ = dst.Close()
 			}
+			s.eof[dir].Store(true)
 			return nil
+		}
+		if parked, goOn := s.parkAt(dir, nil, rerr); parked {
+			if !goOn {
+				return errHandedOff
+			}
+			continue
 		}
 		s.abort()
 		return rerr

@@ -216,12 +216,12 @@ func (x *xlOwner) forget() { x.p.untrack(x.f) }
 // client's next datagram is new). The files are this process's either
 // way. It returns how many flows of each protocol were adopted.
 func (p *Proxy) AdoptFlows(st *netstack.Stack, moved Moved, files []*os.File) (tcp, udp int, err error) {
-	if len(moved.TCP)+len(moved.UDP) != len(files) {
+	if moved.sockets() != len(files) {
 		for _, f := range files {
 			_ = f.Close()
 		}
 		p.unadopted = append(p.unadopted, moved.TCP...)
-		return 0, 0, fmt.Errorf("proxy: %d TCP and %d UDP flows handed over with %d sockets", len(moved.TCP), len(moved.UDP), len(files))
+		return 0, 0, fmt.Errorf("proxy: %d TCP, %d UDP and %d host flows handed over with %d sockets", len(moved.TCP), len(moved.UDP), len(moved.Host), len(files))
 	}
 	var errs []error
 	for i, m := range moved.TCP {
@@ -238,6 +238,14 @@ func (p *Proxy) AdoptFlows(st *netstack.Stack, moved Moved, files []*os.File) (t
 			continue
 		}
 		udp++
+	}
+	hostFiles := files[len(moved.TCP)+len(moved.UDP):]
+	for i, m := range moved.Host {
+		if err := p.adoptHost(m, hostFiles[2*i], hostFiles[2*i+1]); err != nil {
+			errs = append(errs, fmt.Errorf("%v: %w", m.Entry.Original, err))
+			continue
+		}
+		tcp++
 	}
 	return tcp, udp, errors.Join(errs...)
 }

@@ -86,8 +86,8 @@ func takeOver(path string, logger *zap.Logger) (*takeover, error) {
 		return nil, fmt.Errorf("taking over from pid %d: %w", tk.ServerPID, err)
 	}
 	l, flows, syns, err := decodeSnapshot(snap)
-	if err == nil && len(files) != l.queues+len(flows.TCP)+len(flows.UDP) {
-		err = fmt.Errorf("%d descriptors for %d queues, %d TCP and %d UDP flows", len(files), l.queues, len(flows.TCP), len(flows.UDP))
+	if err == nil && len(files) != l.queues+len(flows.TCP)+len(flows.UDP)+2*len(flows.Host) {
+		err = fmt.Errorf("%d descriptors for %d queues, %d TCP, %d UDP and %d host flows", len(files), l.queues, len(flows.TCP), len(flows.UDP), len(flows.Host))
 	}
 	if err != nil {
 		tk.Fail(err.Error())
@@ -260,7 +260,7 @@ func (h *handoverServer) offer(o *handover.Offer) bool {
 	// The device, its routes and the moved flows are the new process's.
 	h.tun.routes, h.tun.handedOver = nil, true
 	h.px.ForgetDetached()
-	log.Info("handed over", zap.Int("flowsMoved", len(moved.TCP)), zap.Int("udpFlowsMoved", len(moved.UDP)), zap.Int("synsMoved", len(syns)), zap.Int("queues", len(queueFDs)),
+	log.Info("handed over", zap.Int("flowsMoved", len(moved.TCP)), zap.Int("hostFlowsMoved", len(moved.Host)), zap.Int("udpFlowsMoved", len(moved.UDP)), zap.Int("synsMoved", len(syns)), zap.Int("queues", len(queueFDs)),
 		zap.Duration("paused", time.Since(paused)), zap.Int("snapshotBytes", len(snap)))
 	return true
 }
@@ -292,12 +292,12 @@ func adoptFlows(to *takeover, tun *tunDevice, st *netstack.Stack, px *proxy.Prox
 	st.DeliverInbound(to.syns)
 	tun.link.ResumeReads()
 	pause := time.Since(to.start)
-	reset, udpDropped := len(to.flows.TCP)-n, len(to.flows.UDP)-nUDP
+	reset, udpDropped := len(to.flows.TCP)+len(to.flows.Host)-n, len(to.flows.UDP)-nUDP // n counts host flows too
 	stats.takenMoved.Store(uint64(n + nUDP))
 	stats.takenReset.Store(uint64(reset + udpDropped))
 	stats.takenPause.Store(int64(pause))
 	logger.Info("took over", zap.Int("from", to.taker.ServerPID), zap.Int("flowsMoved", n),
-		zap.Int("flowsReset", reset), zap.Int("udpFlowsMoved", nUDP), zap.Int("udpFlowsDropped", udpDropped), zap.Int("syns", len(to.syns)), zap.Int("balancingRestored", balRestored), zap.Int("balancingDropped", balDropped),
+		zap.Int("flowsReset", reset), zap.Int("hostFlows", len(to.flows.Host)), zap.Int("udpFlowsMoved", nUDP), zap.Int("udpFlowsDropped", udpDropped), zap.Int("syns", len(to.syns)), zap.Int("balancingRestored", balRestored), zap.Int("balancingDropped", balDropped),
 		zap.Duration("paused", pause))
 	return nil
 }

@@ -47,6 +47,7 @@ const (
 	sectionSYNs      = 3
 	sectionBalancing = 4
 	sectionUDP       = 5
+	sectionHost      = 6
 )
 
 // maxSYN bounds a SYN read from a snapshot: IP and TCP headers with every
@@ -105,6 +106,12 @@ func encodeSnapshot(l linkState, moved proxy.Moved, syns [][]byte) []byte {
 		e.U32(uint32(len(moved.UDP)))
 		for i := range moved.UDP {
 			encodeUDPFlow(e, &moved.UDP[i])
+		}
+	})
+	s.Section(sectionHost, func(e *handover.Enc) {
+		e.U32(uint32(len(moved.Host)))
+		for i := range moved.Host {
+			encodeHostFlow(e, &moved.Host[i])
 		}
 	})
 	return s.Bytes()
@@ -221,7 +228,66 @@ func decodeSnapshot(b []byte) (linkState, proxy.Moved, [][]byte, error) {
 			return linkState{}, proxy.Moved{}, nil, fmt.Errorf("UDP section: %w", err)
 		}
 	}
-	return l, proxy.Moved{TCP: flows, UDP: udp}, syns, nil
+	var host []proxy.MovedHost
+	if b, ok := secs[sectionHost]; ok { // none from a build before it
+		d = handover.NewDec(b)
+		host = decodeFlows(d, minHostFlow, decodeHostFlow, func(f *proxy.MovedHost) conntrack.Tuple { return f.Entry.Original })
+		if err := d.End(); err != nil {
+			return linkState{}, proxy.Moved{}, nil, fmt.Errorf("host flows section: %w", err)
+		}
+	}
+	return l, proxy.Moved{TCP: flows, UDP: udp, Host: host}, syns, nil
+}
+
+// A host TCP flow (a NodePort connection: hostmove.go) is its conntrack
+// entry with its TCP state, its endpoint and service port, and per
+// direction the bytes its copier held and whether it had reached EOF.
+
+func encodeHostFlow(e *handover.Enc, f *proxy.MovedHost) {
+	encodeEntry(e, &f.Entry)
+	e.Bytes(f.Entry.TCP[:])
+	e.AddrPort(f.Endpoint)
+	e.String(f.ServicePort)
+	for dir := range 2 {
+		e.Bytes(f.Pending[dir])
+		e.Bool(f.EOF[dir])
+	}
+}
+
+// minHostFlow is the least bytes a flow of the host section takes.
+const minHostFlow = minUDPFlow - 1 + 4 + 2*(4+1)
+
+// maxHostPending bounds a host flow's held bytes per direction: a
+// copier's largest buffer (proxy's bulk buffer).
+const maxHostPending = 1 << 20
+
+func decodeHostFlow(d *handover.Dec) proxy.MovedHost {
+	var f proxy.MovedHost
+	en := &f.Entry
+	if decodeEntry(d, en, conntrack.TCP); d.Err() != nil {
+		return f
+	}
+	if tcp := d.Bytes(); len(tcp) == len(en.TCP) {
+		copy(en.TCP[:], tcp)
+	} else {
+		d.Fail("TCP conntrack state of %d bytes", len(tcp))
+	}
+	f.Endpoint = d.AddrPort()
+	f.ServicePort = d.String()
+	for dir := range 2 {
+		p := d.Bytes()
+		if len(p) > maxHostPending {
+			d.Fail("a host flow holding %d bytes", len(p))
+		}
+		if len(p) > 0 {
+			f.Pending[dir] = bytes.Clone(p)
+		}
+		f.EOF[dir] = d.Bool()
+	}
+	if d.Err() == nil && !f.Endpoint.IsValid() {
+		d.Fail("a host flow to %v", f.Endpoint)
+	}
+	return f
 }
 
 // decodeEntry reads what encodeEntry wrote, of a flow of protocol want.

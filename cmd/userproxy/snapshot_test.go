@@ -58,7 +58,17 @@ func testSnapshot() (linkState, proxy.Moved) {
 		},
 		Endpoint: netip.MustParseAddrPort("[fd00:244::6]:53"), ServicePort: "kube-system/dns:dns",
 	}}
-	return l, proxy.Moved{TCP: flows, UDP: udp}
+	host := []proxy.MovedHost{{
+		Entry: conntrack.Saved{
+			Original: conntrack.MakeTuple(conntrack.TCP, netip.MustParseAddrPort("192.0.2.9:50000"), netip.MustParseAddrPort("192.0.2.1:30080")),
+			Status:   conntrack.StatusSeenReply | conntrack.StatusAssured, Packets: [2]uint64{5, 6}, Bytes: [2]uint64{500, 600},
+			Age: time.Minute, Idle: time.Second, Timeout: time.Hour,
+		},
+		Endpoint: netip.MustParseAddrPort("10.244.1.5:8080"), ServicePort: "default/web:http",
+		Pending: [2][]byte{[]byte("to the endpoint"), nil}, EOF: [2]bool{false, true},
+	}}
+	host[0].Entry.TCP[0] = 3
+	return l, proxy.Moved{TCP: flows, UDP: udp, Host: host}
 }
 
 // testBalancing is a port with affinity lists and one with IPVS sets, with
@@ -112,8 +122,14 @@ func TestSnapshotDecodeRefuses(t *testing.T) {
 		t.Errorf("no queues: %v", err)
 	}
 	for name, m := range map[string]proxy.Moved{
-		"a flow twice":     {TCP: []proxy.MovedFlow{flows.TCP[0], flows.TCP[0]}},
-		"a UDP flow twice": {UDP: []proxy.MovedUDP{flows.UDP[0], flows.UDP[0]}},
+		"a flow twice":      {TCP: []proxy.MovedFlow{flows.TCP[0], flows.TCP[0]}},
+		"a UDP flow twice":  {UDP: []proxy.MovedUDP{flows.UDP[0], flows.UDP[0]}},
+		"a host flow twice": {Host: []proxy.MovedHost{flows.Host[0], flows.Host[0]}},
+		"a host flow holding more than a buffer": {Host: []proxy.MovedHost{func() proxy.MovedHost {
+			f := flows.Host[0]
+			f.Pending[1] = make([]byte, maxHostPending+1)
+			return f
+		}()}},
 	} {
 		if _, _, _, err := decodeSnapshot(encodeSnapshot(l, m, nil)); !errors.Is(err, handover.ErrCorrupt) {
 			t.Errorf("%s: %v", name, err)

@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -21,12 +23,13 @@ import (
 	"time"
 )
 
-// echoStreams are long-lived TCP connections to an echo endpoint through a
-// ClusterIP, each writing random bytes and reading them back, both ways at
-// once: every byte is checked as it returns, and each side's bytes are
-// hashed, for a check at the end that nothing was lost, doubled or
-// reordered across any number of handovers.
+// echoStreams are long-lived TCP connections to an echo endpoint (through
+// a ClusterIP, or a NodePort), each writing random bytes and reading them
+// back, both ways at once: every byte is checked as it returns, and each
+// side's bytes are hashed, for a check at the end that nothing was lost,
+// doubled or reordered across any number of handovers.
 type echoStreams struct {
+	name     string // what the errors call a stream
 	stop     atomic.Bool
 	wg       sync.WaitGroup
 	failures chan error
@@ -35,14 +38,17 @@ type echoStreams struct {
 	echoed   []hash.Hash
 }
 
-// startEchoStreams opens n streams to addr from b's namespace.
-func startEchoStreams(t *testing.T, b *binNS, addr string, n int) *echoStreams {
+// startEchoStreams opens n streams, each with a call of dial; the errors
+// call them name 0 to n-1.
+func startEchoStreams(t *testing.T, name string, dial func() (net.Conn, error), n int) *echoStreams {
 	t.Helper()
-	s := &echoStreams{failures: make(chan error, n), moved: make([]atomic.Int64, n)}
+	// Two errors a stream at most: its writer's and its reader's.
+	s := &echoStreams{name: name, failures: make(chan error, 2*n), moved: make([]atomic.Int64, n)}
 	for i := range n {
-		conn, err := b.c.dial("tcp", addr)
+		conn, err := dial()
 		if err != nil {
-			t.Fatal(err)
+			s.halt()
+			t.Fatalf("%s %d: %v", name, i, err)
 		}
 		s.sent, s.echoed = append(s.sent, sha256.New()), append(s.echoed, sha256.New())
 		s.wg.Add(2)
@@ -58,7 +64,7 @@ func startEchoStreams(t *testing.T, b *binNS, addr string, n int) *echoStreams {
 				}
 				_ = conn.SetWriteDeadline(time.Now().Add(20 * time.Second))
 				if _, err := conn.Write(out[:size]); err != nil {
-					s.failures <- fmt.Errorf("stream %d: write: %w", i, err)
+					s.failures <- fmt.Errorf("%s %d, after %d bytes: write: %w", s.name, i, s.moved[i].Load(), err)
 					return
 				}
 				s.sent[i].Write(out[:size])
@@ -84,11 +90,11 @@ func startEchoStreams(t *testing.T, b *binNS, addr string, n int) *echoStreams {
 					if errors.Is(err, io.EOF) && s.stop.Load() {
 						return // the echo of the writer's close, after its last chunk
 					}
-					s.failures <- fmt.Errorf("stream %d, after %d bytes: read: %w", i, s.moved[i].Load(), err)
+					s.failures <- fmt.Errorf("%s %d, after %d bytes: read: %w", s.name, i, s.moved[i].Load(), err)
 					return
 				}
 				if !bytes.Equal(in[:size], want) {
-					s.failures <- fmt.Errorf("stream %d, after %d bytes: the echo differs", i, s.moved[i].Load())
+					s.failures <- fmt.Errorf("%s %d, after %d bytes: the echo differs", s.name, i, s.moved[i].Load())
 					return
 				}
 				s.echoed[i].Write(in[:size])
@@ -108,58 +114,124 @@ func (s *echoStreams) snapshot() []int64 {
 	return out
 }
 
-// finish stops the streams (each half-closes and reads its echo to the
-// end) and fails t for every error, every stream whose hashes differ and
-// every stream that moved no bytes since before.
-func (s *echoStreams) finish(t *testing.T, before []int64) {
-	t.Helper()
+// total returns the bytes echoed so far, over all streams.
+func (s *echoStreams) total() int64 {
+	var n int64
+	for i := range s.moved {
+		n += s.moved[i].Load()
+	}
+	return n
+}
+
+// halt stops the streams (each half-closes and reads its echo to the end)
+// and waits for them.
+func (s *echoStreams) halt() {
 	s.stop.Store(true)
 	s.wg.Wait()
-	close(s.failures)
-	for err := range s.failures {
-		t.Error(err)
-	}
+}
+
+// finish halts the streams and fails t for every error, every stream whose
+// hashes differ and every stream that moved no bytes after mark (a
+// snapshot taken after the last handover; nil: no such check).
+func (s *echoStreams) finish(t *testing.T, mark []int64) {
+	t.Helper()
+	s.halt()
+	reportAll(t, s.failures)
 	for i := range s.moved {
 		if !bytes.Equal(s.sent[i].Sum(nil), s.echoed[i].Sum(nil)) {
-			t.Errorf("stream %d: the hash of the bytes echoed differs from that of the bytes sent", i)
+			t.Errorf("%s %d: the hash of the bytes echoed differs from that of the bytes sent", s.name, i)
 		}
-		if before != nil && s.moved[i].Load() == before[i] {
-			t.Errorf("stream %d moved no bytes after the handovers", i)
+		if mark != nil && s.moved[i].Load() == mark[i] {
+			t.Errorf("%s %d moved no bytes after the last handover", s.name, i)
 		}
 	}
 }
 
-// TestBinaryHandovers: 20 handovers in a row, alternating two builds of
-// the binary, with 200 long-lived TCP streams through a ClusterIP moving
-// bytes both ways and a client opening short connections all the while.
-// Every stream's bytes come back intact (checked as they come, and by
-// hash at the end), no stream sees a reset or an early EOF, no short
-// connection fails, and every old process exits 0. The pause each new
-// process logs is reported (p50, p99): a figure for docs/handover.md, not
-// an assertion.
+// reportAll closes failures, whose senders are done, and fails t for each
+// error in it.
+func reportAll(t *testing.T, failures chan error) {
+	t.Helper()
+	close(failures)
+	for err := range failures {
+		t.Error(err)
+	}
+}
+
+// TestBinaryHandovers (issue 49's done-when): 20 handovers in a row,
+// alternating two builds of the binary, while
+//   - 200 long-lived TCP streams through a ClusterIP move bytes both ways;
+//   - 50 UDP flows (50 client sockets) exchange datagrams with a Service of
+//     three endpoints that answer with their names;
+//   - a long-lived TCP stream from another namespace, through a veth, moves
+//     bytes both ways through a NodePort;
+//   - a client opens short connections one after another.
+//
+// Every stream's bytes come back intact (checked as they come, and by hash
+// at the end), no stream sees a reset or an early EOF, and each moves bytes
+// after the last handover; no short connection fails; every UDP flow is
+// answered by the endpoint that answered it first, and again after the
+// last handover; eight clients pinned by ClientIP affinity over three
+// endpoints are pinned to the same ones after the last handover as before
+// the first; every old process exits 0, and every new one moves the streams
+// and the UDP flows. The pause each new process logs is reported (p50,
+// p99): a figure for docs/handover.md, not an assertion.
+//
+// Addresses: the proxy's namespace has 198.18.0.1/30 on a veth whose peer,
+// 198.18.0.2/30, is in the NodePort client's namespace (RFC 2544's
+// benchmarking range); neither namespace has a default route.
 func TestBinaryHandovers(t *testing.T) {
 	requireRoot(t)
 	const (
 		handovers = 20
 		streams   = 200
+		udpFlows  = 50
+		nodePort  = 30090
 	)
 	bins := []string{userproxyBinary(t), otherUserproxyBinary(t)}
 	b := newBinNS(t)
+	npNS, npName := newNetNS(t)
+	npLink := vethSpec{local: "upxnpc0", peer: "upxnpp0",
+		localAddr: netip.MustParsePrefix("198.18.0.2/30"), peerAddr: netip.MustParsePrefix("198.18.0.1/30")}
+	if err := npLink.create(npNS, b.ns); err != nil {
+		t.Fatalf("the veth from %s to %s: %v", npName, b.name, err)
+	}
 	ep := b.serveTCP(func(c net.Conn) { _, _ = io.Copy(c, c) })
+	pinned := newPinnedService(t, b)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "services.yaml")
-	writeFile(t, cfg, quickConfig(ep, b.udpEcho()))
+	writeFile(t, cfg, quickConfig(ep, b.udpEcho())+pinned.config+udpNamesService(t, b)+fmt.Sprintf(`---
+apiVersion: v1
+kind: Service
+metadata: {name: npecho, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.50
+  clusterIPs: [10.96.0.50]
+  ports: [{name: http, protocol: TCP, port: 80, nodePort: %d}]
+`, nodePort)+sliceYAML("npecho-1", "npecho", ep, ""))
 	args := func(bin string, extra ...string) []string {
 		return append([]string{"ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxmany0",
 			"--tcp-translate=true", "--tun-portable=false", "--min-sync-period", "0",
+			"--nodeport-addresses", "127.0.0.0/8,198.18.0.0/30",
 			"--handover-socket", filepath.Join(dir, "run", "upxmany0.handover"),
 			"--control-socket", filepath.Join(dir, "run", "upxmany0.sock")}, extra...)
 	}
 	cur := startProc(t, args(bins[0])...)
 	b.waitHealthy(cur)
 
-	s := startEchoStreams(t, b, "10.96.0.10:80", streams)
-	defer func() { s.stop.Store(true); s.wg.Wait() }()
+	s := startEchoStreams(t, "stream", func() (net.Conn, error) { return b.c.dial("tcp", "10.96.0.10:80") }, streams)
+	defer s.halt()
+	np := startEchoStreams(t, "NodePort stream", func() (net.Conn, error) { // from the other namespace
+		var c net.Conn
+		err := inNS(npNS, func() (err error) {
+			c, err = net.DialTimeout("tcp", netip.AddrPortFrom(npLink.peerAddr.Addr(), nodePort).String(), 10*time.Second)
+			return err
+		})
+		return c, err
+	}, 1)
+	defer np.halt()
+	u := startUDPFlows(t, b, udpNamesAddr, udpFlows)
+	defer u.halt()
 	var shortOK, shortFailed atomic.Int64
 	shortErr := make(chan error, 1)
 	stopShort := make(chan struct{})
@@ -191,10 +263,11 @@ func TestBinaryHandovers(t *testing.T) {
 		}
 		shortWG.Wait()
 	}()
+	u.waitAll(t, "answered", func(i int) bool { return u.replies[i].Load() >= 5 })
 	time.Sleep(time.Second)
-	before := s.snapshot()
+	udpBefore, pins := u.endpoints(), pinned.pins(t)
 
-	pauseRE := regexp.MustCompile(`"msg":"took over".*?"flowsMoved":(\d+).*?"paused":([0-9.]+)`)
+	tookOver := regexp.MustCompile(`"msg":"took over".*?"flowsMoved":(\d+).*?"udpFlowsMoved":(\d+),"udpFlowsDropped":(\d+).*?"paused":([0-9.]+)`)
 	var pauses []time.Duration
 	for i := range handovers {
 		next := startProc(t, args(bins[(i+1)%2], "--take-over")...)
@@ -207,30 +280,40 @@ func TestBinaryHandovers(t *testing.T) {
 			t.Fatalf("handover %d: the old process did not exit within 60 s", i+1)
 		}
 		b.waitHealthy(next)
-		m := pauseRE.FindStringSubmatch(next.output())
+		m := tookOver.FindStringSubmatch(next.output())
 		if m == nil {
 			t.Fatalf("handover %d: the new process did not log its takeover:\n%s", i+1, next.output())
 		}
 		if n, _ := strconv.Atoi(m[1]); n < streams {
 			t.Errorf("handover %d moved %d flows, fewer than the %d streams", i+1, n, streams)
 		}
-		sec, _ := strconv.ParseFloat(m[2], 64)
+		if n, _ := strconv.Atoi(m[2]); n < udpFlows || m[3] != "0" {
+			t.Errorf("handover %d moved %s UDP flows and dropped %s, want at least %d moved and none dropped", i+1, m[2], m[3], udpFlows)
+		}
+		sec, _ := strconv.ParseFloat(m[4], 64)
 		pauses = append(pauses, time.Duration(sec*float64(time.Second)))
 		cur = next
 		time.Sleep(300 * time.Millisecond)
 	}
+	u.answerAgain(t, "answered after the last handover")
+	if got := pinned.pins(t); !maps.Equal(got, pins) {
+		t.Errorf("affinity pins before the first handover %v, after the last %v", pins, got)
+	}
+	after, npAfter := s.snapshot(), np.snapshot()
 	time.Sleep(time.Second)
 	close(stopShort)
 	shortWG.Wait()
-	s.finish(t, before)
+	s.finish(t, after)
+	np.finish(t, npAfter)
+	u.finish(t, udpBefore)
 	select {
 	case err := <-shortErr:
 		t.Errorf("%v (%d of %d failed)", err, shortFailed.Load(), shortFailed.Load()+shortOK.Load())
 	default:
 	}
 	slices.Sort(pauses)
-	t.Logf("%d handovers, %d streams, %d short connections (%d failed): pause p50 %v, p99 %v, max %v (all: %v)",
-		handovers, streams, shortOK.Load(), shortFailed.Load(), pauses[len(pauses)/2].Round(time.Microsecond),
+	t.Logf("%d handovers; %d TCP streams, %d UDP flows (%d datagrams lost), NodePort stream %d bytes, %d short connections (%d failed): pause p50 %v, p99 %v, max %v (all: %v)",
+		handovers, streams, udpFlows, u.lost.Load(), np.total(), shortOK.Load(), shortFailed.Load(), pauses[len(pauses)/2].Round(time.Microsecond),
 		pauses[(len(pauses)*99+99)/100-1].Round(time.Microsecond), pauses[len(pauses)-1].Round(time.Microsecond), pauses)
 	if err := cur.stop(t); err != nil {
 		t.Fatalf("the last process: %v", err)

@@ -27,37 +27,9 @@ func TestBinaryHandoverUDP(t *testing.T) {
 	requireRoot(t)
 	binA, binB := userproxyBinary(t), otherUserproxyBinary(t)
 	b := newBinNS(t)
-	names := []string{"one", "two", "three"}
-	var port int
-	for i, name := range names {
-		var pc net.PacketConn
-		err := b.c.run(func() (err error) {
-			pc, err = net.ListenPacket("udp", fmt.Sprintf("127.0.0.%d:%d", i+1, port))
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		port = int(serveUDP(t, pc, func(q []byte) []byte { return append([]byte(name+" "), q...) }).Port())
-	}
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "services.yaml")
-	writeFile(t, cfg, quickConfig(b.tcpEndpoint("web"), b.udpEcho())+fmt.Sprintf(`---
-apiVersion: v1
-kind: Service
-metadata: {name: names, namespace: default}
-spec:
-  clusterIP: 10.96.0.30
-  clusterIPs: [10.96.0.30]
-  ports: [{name: names, protocol: UDP, port: 53, targetPort: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: names-1, namespace: default, labels: {kubernetes.io/service-name: names}}
-addressType: IPv4
-endpoints: [{addresses: [127.0.0.1]}, {addresses: [127.0.0.2]}, {addresses: [127.0.0.3]}]
-ports: [{name: names, protocol: UDP, port: %d}]
-`, port, port))
+	writeFile(t, cfg, quickConfig(b.tcpEndpoint("web"), b.udpEcho())+udpNamesService(t, b))
 	sock := filepath.Join(dir, "run", "upxhu0.handover")
 	args := func(bin string, extra ...string) []string {
 		return append([]string{"ip", "netns", "exec", b.name, bin, "run", "--config", cfg, "--tun-name", "upxhu0",
@@ -68,83 +40,13 @@ ports: [{name: names, protocol: UDP, port: %d}]
 	b.waitHealthy(old)
 
 	const flows = 50
-	var (
-		wg       sync.WaitGroup
-		stop     atomic.Bool
-		failures = make(chan error, flows)
-		replies  [flows]atomic.Int64
-		lost     atomic.Int64
-		endpoint [flows]atomic.Value // string: the name that answered first
-	)
-	defer func() { stop.Store(true); wg.Wait() }() // a failure below still stops them
-	for i := range flows {
-		conn, err := b.c.dial("udp", "10.96.0.30:53")
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() { // a flow: sends a numbered datagram, waits for its answer
-			defer wg.Done()
-			defer conn.Close()
-			buf := make([]byte, 256)
-			for n := 0; !stop.Load(); n++ {
-				q := fmt.Sprintf("flow %d datagram %d", i, n)
-				_ = conn.SetDeadline(time.Now().Add(time.Second))
-				if _, err := conn.Write([]byte(q)); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
-					failures <- fmt.Errorf("flow %d: write: %w", i, err)
-					return
-				}
-				for { // earlier answers, late, are skipped
-					m, err := conn.Read(buf)
-					if err != nil {
-						lost.Add(1) // UDP: the next datagram goes on
-						break
-					}
-					name, got, _ := strings.Cut(string(buf[:m]), " ")
-					if got != q {
-						continue
-					}
-					if first, _ := endpoint[i].Load().(string); first == "" {
-						endpoint[i].Store(name)
-					} else if first != name {
-						failures <- fmt.Errorf("flow %d: datagram %d answered by %q, the flow had %q", i, n, name, first)
-						return
-					}
-					replies[i].Add(1)
-					break
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-		}()
-	}
-	waitAll := func(what string, ok func(i int) bool) {
-		t.Helper()
-		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			n := 0
-			for i := range flows {
-				if ok(i) {
-					n++
-				}
-			}
-			if n == flows {
-				return
-			}
-			select {
-			case err := <-failures:
-				t.Fatal(err)
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d flows %s after 15 s", n, flows, what)
-			}
-		}
-	}
-	waitAll("answered", func(i int) bool { return replies[i].Load() >= 5 })
-	before := make([]string, flows)
+	f := startUDPFlows(t, b, udpNamesAddr, flows)
+	defer f.halt() // a failure below still stops them
+	f.waitAll(t, "answered", func(i int) bool { return f.replies[i].Load() >= 5 })
+	before := f.endpoints()
 	seen := map[string]int{}
-	for i := range flows {
-		before[i] = endpoint[i].Load().(string)
-		seen[before[i]]++
+	for _, name := range before {
+		seen[name]++
 	}
 	t.Logf("flows per endpoint before the handover: %v", seen)
 
@@ -158,23 +60,9 @@ ports: [{name: names, protocol: UDP, port: %d}]
 		t.Fatal("the old process did not exit within 30 s of the taker's start")
 	}
 	b.waitHealthy(taker)
-	counts := make([]int64, flows)
-	for i := range counts {
-		counts[i] = replies[i].Load()
-	}
-	waitAll("answered after the handover", func(i int) bool { return replies[i].Load() >= counts[i]+10 })
-	stop.Store(true)
-	wg.Wait()
-	close(failures)
-	for err := range failures {
-		t.Error(err)
-	}
-	for i := range flows {
-		if got := endpoint[i].Load().(string); got != before[i] {
-			t.Errorf("flow %d: endpoint %q after the handover, %q before", i, got, before[i])
-		}
-	}
-	t.Logf("datagrams lost (a read timed out): %d", lost.Load())
+	f.answerAgain(t, "answered after the handover")
+	f.finish(t, before)
+	t.Logf("datagrams lost (a read timed out): %d", f.lost.Load())
 
 	// The old process handed the UDP flows over, the taker took them.
 	if m := regexp.MustCompile(`"msg":"handed over".*"udpFlowsMoved":(\d+)`).FindStringSubmatch(old.output()); m == nil {
@@ -201,5 +89,169 @@ ports: [{name: names, protocol: UDP, port: %d}]
 	}
 	if err := taker.stop(t); err != nil {
 		t.Errorf("the taker's stop: %v", err)
+	}
+}
+
+// udpNamesAddr is the ClusterIP and port of udpNamesService.
+const udpNamesAddr = "10.96.0.30:53"
+
+// udpNamesService starts three UDP endpoints in b's namespace (127.0.0.1-3,
+// one port), each answering a datagram with its own name, a space and the
+// datagram, and returns their Service (names, UDP udpNamesAddr) and
+// EndpointSlice, to append to a config.
+func udpNamesService(t *testing.T, b *binNS) string {
+	t.Helper()
+	var port int
+	for i, name := range []string{"one", "two", "three"} {
+		var pc net.PacketConn
+		err := b.c.run(func() (err error) {
+			pc, err = net.ListenPacket("udp", fmt.Sprintf("127.0.0.%d:%d", i+1, port))
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		port = int(serveUDP(t, pc, func(q []byte) []byte { return append([]byte(name+" "), q...) }).Port())
+	}
+	return fmt.Sprintf(`---
+apiVersion: v1
+kind: Service
+metadata: {name: names, namespace: default}
+spec:
+  clusterIP: 10.96.0.30
+  clusterIPs: [10.96.0.30]
+  ports: [{name: names, protocol: UDP, port: 53, targetPort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: names-1, namespace: default, labels: {kubernetes.io/service-name: names}}
+addressType: IPv4
+endpoints: [{addresses: [127.0.0.1]}, {addresses: [127.0.0.2]}, {addresses: [127.0.0.3]}]
+ports: [{name: names, protocol: UDP, port: %d}]
+`, port, port)
+}
+
+// udpFlows are client sockets of b's namespace (a source port each), each
+// sending a numbered datagram every 10 ms to a Service of endpoints that
+// answer with their names (udpNamesService) and waiting up to a second for
+// its answer. A flow keeps the name that answered it first, and fails when
+// another endpoint answers it later.
+type udpFlows struct {
+	stop     atomic.Bool
+	wg       sync.WaitGroup
+	failures chan error
+	replies  []atomic.Int64
+	lost     atomic.Int64   // reads that timed out: UDP, the next datagram goes on
+	endpoint []atomic.Value // string: the name that answered first
+}
+
+// startUDPFlows starts n flows to addr.
+func startUDPFlows(t *testing.T, b *binNS, addr string, n int) *udpFlows {
+	t.Helper()
+	f := &udpFlows{failures: make(chan error, n), replies: make([]atomic.Int64, n), endpoint: make([]atomic.Value, n)}
+	for i := range n {
+		conn, err := b.c.dial("udp", addr)
+		if err != nil {
+			f.halt()
+			t.Fatal(err)
+		}
+		f.wg.Add(1)
+		go func() { // a flow: sends a numbered datagram, waits for its answer
+			defer f.wg.Done()
+			defer conn.Close()
+			buf := make([]byte, 256)
+			for n := 0; !f.stop.Load(); n++ {
+				q := fmt.Sprintf("flow %d datagram %d", i, n)
+				_ = conn.SetDeadline(time.Now().Add(time.Second))
+				if _, err := conn.Write([]byte(q)); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+					f.failures <- fmt.Errorf("flow %d: write: %w", i, err)
+					return
+				}
+				for { // earlier answers, late, are skipped
+					m, err := conn.Read(buf)
+					if err != nil {
+						f.lost.Add(1)
+						break
+					}
+					name, got, _ := strings.Cut(string(buf[:m]), " ")
+					if got != q {
+						continue
+					}
+					if first, _ := f.endpoint[i].Load().(string); first == "" {
+						f.endpoint[i].Store(name)
+					} else if first != name {
+						f.failures <- fmt.Errorf("flow %d: datagram %d answered by %q, the flow had %q", i, n, name, first)
+						return
+					}
+					f.replies[i].Add(1)
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+	}
+	return f
+}
+
+// waitAll waits up to 15 s until ok(i) holds for every flow i; a flow's
+// failure fails t at once.
+func (f *udpFlows) waitAll(t *testing.T, what string, ok func(i int) bool) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n := 0
+		for i := range f.replies {
+			if ok(i) {
+				n++
+			}
+		}
+		if n == len(f.replies) {
+			return
+		}
+		select {
+		case err := <-f.failures:
+			t.Fatal(err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d flows %s after 15 s", n, len(f.replies), what)
+		}
+	}
+}
+
+// answerAgain waits until every flow has 10 answers more than it has now.
+func (f *udpFlows) answerAgain(t *testing.T, what string) {
+	t.Helper()
+	counts := make([]int64, len(f.replies))
+	for i := range counts {
+		counts[i] = f.replies[i].Load()
+	}
+	f.waitAll(t, what, func(i int) bool { return f.replies[i].Load() >= counts[i]+10 })
+}
+
+// endpoints returns the name that answered each flow first ("" if none yet).
+func (f *udpFlows) endpoints() []string {
+	out := make([]string, len(f.replies))
+	for i := range out {
+		out[i], _ = f.endpoint[i].Load().(string)
+	}
+	return out
+}
+
+// halt stops the flows and waits for them.
+func (f *udpFlows) halt() {
+	f.stop.Store(true)
+	f.wg.Wait()
+}
+
+// finish halts the flows and fails t for every flow's failure and every
+// flow whose first endpoint is not the one in before.
+func (f *udpFlows) finish(t *testing.T, before []string) {
+	t.Helper()
+	f.halt()
+	reportAll(t, f.failures)
+	for i, got := range f.endpoints() {
+		if got != before[i] {
+			t.Errorf("flow %d: endpoint %q after the handover, %q before", i, got, before[i])
+		}
 	}
 }

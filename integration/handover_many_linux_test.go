@@ -21,6 +21,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netns"
 )
 
 // echoStreams are long-lived TCP connections to an echo endpoint (through
@@ -245,12 +247,25 @@ spec:
 				return
 			default:
 			}
-			if got, err := b.fetchEcho("10.96.0.10:80", "ping"); err != nil || got != "ping" {
-				if shortFailed.Add(1) == 1 {
-					shortErr <- fmt.Errorf("a short connection: %q, %v", got, err)
+			// One to the ClusterIP, one to the NodePort from the other
+			// namespace: the NodePort's listener is lent to each new
+			// process, so no connection to it is refused in a handover.
+			for _, fetch := range []struct {
+				what  string
+				fetch func() (string, error)
+			}{
+				{"to the ClusterIP", func() (string, error) { return b.fetchEcho("10.96.0.10:80", "ping") }},
+				{"to the NodePort", func() (string, error) {
+					return fetchEchoIn(npNS, netip.AddrPortFrom(npLink.peerAddr.Addr(), nodePort), "ping")
+				}},
+			} {
+				if got, err := fetch.fetch(); err != nil || got != "ping" {
+					if shortFailed.Add(1) == 1 {
+						shortErr <- fmt.Errorf("a short connection %s: %q, %v", fetch.what, got, err)
+					}
+				} else {
+					shortOK.Add(1)
 				}
-			} else {
-				shortOK.Add(1)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -318,4 +333,22 @@ spec:
 	if err := cur.stop(t); err != nil {
 		t.Fatalf("the last process: %v", err)
 	}
+}
+
+// fetchEchoIn sends msg to addr from namespace ns and reads its echo.
+func fetchEchoIn(ns netns.NsHandle, addr netip.AddrPort, msg string) (string, error) {
+	var c net.Conn
+	if err := inNS(ns, func() (err error) { c, err = net.DialTimeout("tcp", addr.String(), 5*time.Second); return err }); err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, msg); err != nil {
+		return "", err
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return "", err
+	}
+	return string(got), nil
 }

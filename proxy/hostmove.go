@@ -117,9 +117,10 @@ func (h *hostFlow) detach(d *detaching) error {
 	return nil
 }
 
-// rawFD returns c's descriptor (it stays c's): a *net.TCPConn's, or a
-// socket dialled by the proxy's own dialer (hostdial_linux.go).
-func rawFD(c net.Conn) (int, bool) {
+// rawFD returns c's descriptor (it stays c's): a *net.TCPConn's or
+// *net.TCPListener's, or a socket dialled by the proxy's own dialer
+// (hostdial_linux.go).
+func rawFD(c any) (int, bool) {
 	var rc syscall.RawConn
 	switch c := c.(type) {
 	case interface{ rawConn() syscall.RawConn }:

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -170,5 +171,78 @@ func TestHostFlowMoves(t *testing.T) {
 	t.Logf("%d bytes through the move", sent.Len())
 	if n := old.Flows(); n != 0 {
 		t.Errorf("the old proxy still has %d flows", n)
+	}
+}
+
+// NodePort listeners lent in a handover: while lent, the old proxy accepts
+// nothing (a connection waits in the listener's queue); a failed handover
+// gives them back; the next proxy serves the NodePort on the listener it
+// inherited, the connection that waited included, with the port still
+// bound by the old proxy.
+func TestNodePortListenersLent(t *testing.T) {
+	ep, err := echoOn(t, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	epPort := ep.Addr().(*net.TCPAddr).Port
+	nodePort := freePort(t)
+	addr := "127.0.0.1:" + itoa(nodePort)
+	old := hostMoveSide(t, nodePort, epPort)
+	np := old.NewNodePorts([]netip.Addr{netip.MustParseAddr("127.0.0.1")})
+	defer np.Close()
+	np.Sync(old.Table())
+	ping := func(c net.Conn) error {
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return err
+		}
+		got := make([]byte, 4)
+		_, err := io.ReadFull(c, got)
+		return err
+	}
+	dial := func() net.Conn {
+		c, err := net.DialTimeout("tcp", addr, 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+
+	lent := np.Lend()
+	if len(lent) != 1 || lent[0].Name != "TCP "+addr {
+		t.Fatalf("lent %+v, want the one TCP NodePort", lent)
+	}
+	waiting := dial() // the kernel completes it; nobody accepts it yet
+	_ = waiting.SetDeadline(time.Now().Add(200 * time.Millisecond))
+	if _, err := waiting.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waiting.Read(make([]byte, 4)); err == nil {
+		t.Fatal("a lent NodePort served a connection")
+	}
+	np.Unlend()
+	if err := ping(dial()); err != nil {
+		t.Fatalf("after the listeners came back: %v", err)
+	}
+
+	lent = np.Lend()
+	again := dial()
+	next := hostMoveSide(t, nodePort, epPort)
+	np2 := next.NewNodePorts([]netip.Addr{netip.MustParseAddr("127.0.0.1")})
+	defer np2.Close()
+	files := asFiles(t, []int{lent[0].FD})
+	np2.Inherit(map[string]*os.File{lent[0].Name: files[0]})
+	np2.Sync(next.Table())
+	np2.DropInherited()
+	if f := np2.Failed(); len(f) != 0 {
+		t.Fatalf("the next proxy could not serve the NodePort: %v", f)
+	}
+	if err := ping(again); err != nil {
+		t.Fatalf("the connection that waited, served by the next proxy: %v", err)
+	}
+	np.Close() // the old proxy lets its listener go
+	if err := ping(dial()); err != nil {
+		t.Fatalf("a new connection after the old proxy closed: %v", err)
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,12 @@ type NodePorts struct {
 	failed map[npKey]error
 	closed bool
 	wg     sync.WaitGroup
+	// A handover (nodeport_handover.go): lending parks the accept loops
+	// (lendCond, under mu); inherited holds the listeners a previous
+	// process lent, by name.
+	lending   atomic.Bool
+	lendCond  *sync.Cond
+	inherited map[string]*os.File
 }
 
 // npKey names one host socket: protocol, address and port.
@@ -73,9 +80,11 @@ type npSocket interface{ Close() error }
 // Close it to stop.
 func (p *Proxy) NewNodePorts(addrs []netip.Addr) *NodePorts {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &NodePorts{p: p, addrs: slices.Clone(addrs), log: p.logger.Named("nodeport"),
+	n := &NodePorts{p: p, addrs: slices.Clone(addrs), log: p.logger.Named("nodeport"),
 		ctx: ctx, cancel: cancel, inFlight: make(chan struct{}, nodePortInFlight),
 		open: map[npKey]npSocket{}, failed: map[npKey]error{}}
+	n.lendCond = sync.NewCond(&n.mu)
+	return n
 }
 
 // nodePortInFlight bounds the TCP NodePort connections being set up at once
@@ -139,9 +148,12 @@ func (n *NodePorts) listen(k npKey) (npSocket, error) {
 		fam = service.IPv6
 	}
 	if k.proto == service.TCP {
-		ln, err := net.Listen("tcp", k.addr.String())
-		if err != nil {
-			return nil, err
+		ln, ok := n.inheritedListener(k)
+		if !ok {
+			var err error
+			if ln, err = net.Listen("tcp", k.addr.String()); err != nil {
+				return nil, err
+			}
 		}
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); n.acceptTCP(ln, fam, k.addr.Port()) }()
@@ -185,9 +197,14 @@ func (n *NodePorts) Close() {
 	n.cancel()
 	n.mu.Lock()
 	n.closed = true
+	n.lendCond.Broadcast()
 	for k, s := range n.open {
 		_ = s.Close()
 		delete(n.open, k)
+	}
+	for name, f := range n.inherited {
+		_ = f.Close()
+		delete(n.inherited, name)
 	}
 	n.mu.Unlock()
 	n.wg.Wait()
@@ -200,6 +217,12 @@ func (n *NodePorts) acceptTCP(ln net.Listener, fam service.Family, port uint16) 
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
+			}
+			if n.lending.Load() { // lent to the next process: wait (nodeport_handover.go)
+				if !n.waitLent() {
+					return
+				}
+				continue
 			}
 			n.log.Warn("NodePort accept", zap.Error(err))
 			time.Sleep(10 * time.Millisecond)

@@ -20,8 +20,10 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,6 +33,7 @@ import (
 	"github.com/userproxy/userproxy/handover"
 	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/service"
 )
 
 // The handover's bounds: the old process's wait for the new one's
@@ -49,7 +52,10 @@ type takeover struct {
 	syns   [][]byte
 	queues []*os.File
 	socks  []*os.File
-	start  time.Time // when the state was asked for: the pause began about then
+	// listeners are the listeners lent, by name (listenerLender): this
+	// process serves on them instead of binding their ports.
+	listeners map[string]*os.File
+	start     time.Time // when the state was asked for: the pause began about then
 	// committed: the old process committed; this one serves. Until
 	// then every failure tells the old one to serve on (fail).
 	committed bool
@@ -86,8 +92,9 @@ func takeOver(path string, logger *zap.Logger) (*takeover, error) {
 		return nil, fmt.Errorf("taking over from pid %d: %w", tk.ServerPID, err)
 	}
 	l, flows, syns, err := decodeSnapshot(snap)
-	if err == nil && len(files) != l.queues+len(flows.TCP)+len(flows.UDP)+2*len(flows.Host) {
-		err = fmt.Errorf("%d descriptors for %d queues, %d TCP, %d UDP and %d host flows", len(files), l.queues, len(flows.TCP), len(flows.UDP), len(flows.Host))
+	nsocks := len(flows.TCP) + len(flows.UDP) + 2*len(flows.Host)
+	if err == nil && len(files) != l.queues+nsocks+len(l.listeners) {
+		err = fmt.Errorf("%d descriptors for %d queues, %d TCP, %d UDP and %d host flows and %d listeners", len(files), l.queues, len(flows.TCP), len(flows.UDP), len(flows.Host), len(l.listeners))
 	}
 	if err != nil {
 		tk.Fail(err.Error())
@@ -96,7 +103,12 @@ func takeOver(path string, logger *zap.Logger) (*takeover, error) {
 		}
 		return nil, fmt.Errorf("taking over from pid %d: the snapshot: %w", tk.ServerPID, err)
 	}
-	return &takeover{taker: tk, link: l, flows: flows, syns: syns, queues: files[:l.queues], socks: files[l.queues:], start: start}, nil
+	to := &takeover{taker: tk, link: l, flows: flows, syns: syns, queues: files[:l.queues], socks: files[l.queues : l.queues+nsocks],
+		listeners: map[string]*os.File{}, start: start}
+	for i, name := range l.listeners {
+		to.listeners[name] = files[l.queues+nsocks+i]
+	}
+	return to, nil
 }
 
 // processGone reports whether pid has exited, waiting up to 5 s for it: a
@@ -122,6 +134,9 @@ func (to *takeover) fail(err error) {
 	to.failOnce.Do(func() {
 		to.taker.Fail(err.Error())
 		for _, f := range append(to.queues, to.socks...) {
+			_ = f.Close()
+		}
+		for _, f := range to.listeners {
 			_ = f.Close()
 		}
 	})
@@ -168,6 +183,7 @@ type handoverServer struct {
 	st     *netstack.Stack
 	tun    *tunDevice
 	px     *proxy.Proxy
+	lend   listenerLender
 	stats  *handoverStats
 	logger *zap.Logger
 	done   chan struct{} // closed once a taker confirmed
@@ -175,7 +191,7 @@ type handoverServer struct {
 
 // listenHandover opens the handover socket; a failure is logged (the proxy
 // serves without handovers), not fatal.
-func listenHandover(path string, st *netstack.Stack, tun *tunDevice, px *proxy.Proxy, stats *handoverStats, logger *zap.Logger) *handoverServer {
+func listenHandover(path string, st *netstack.Stack, tun *tunDevice, px *proxy.Proxy, lend listenerLender, stats *handoverStats, logger *zap.Logger) *handoverServer {
 	if path == "" {
 		return nil
 	}
@@ -184,7 +200,7 @@ func listenHandover(path string, st *netstack.Stack, tun *tunDevice, px *proxy.P
 		logger.Warn("no handover socket: a restart will reset the flows", zap.Error(err))
 		return nil
 	}
-	h := &handoverServer{srv: srv, served: make(chan struct{}), st: st, tun: tun, px: px, stats: stats, logger: logger, done: make(chan struct{})}
+	h := &handoverServer{srv: srv, served: make(chan struct{}), st: st, tun: tun, px: px, lend: lend, stats: stats, logger: logger, done: make(chan struct{})}
 	go h.serve()
 	return h
 }
@@ -235,15 +251,16 @@ func (h *handoverServer) offer(o *handover.Offer) bool {
 	}
 	syns := h.st.HandOffHandshakes()
 	moved, sockFDs := h.px.DetachFlows()
+	lent, lentFDs := h.lend.lend()
 	l := linkState{name: h.tun.name, mtu: h.tun.link.MTU(), vnet: h.tun.link.Offload, queues: len(queueFDs), created: h.tun.created,
-		balancing: h.px.SaveBalancing()} // the readers paused: no pick moves it now
+		balancing: h.px.SaveBalancing(), listeners: lent} // the readers paused: no pick moves it now
 	for _, r := range h.tun.routes {
 		if p, ok := prefixOf(r.Dst); ok {
 			l.routes = append(l.routes, p)
 		}
 	}
 	snap := encodeSnapshot(l, moved, syns)
-	err = o.Send(snap, append(queueFDs, sockFDs...), handoverConfirmWait)
+	err = o.Send(snap, slices.Concat(queueFDs, sockFDs, lentFDs), handoverConfirmWait)
 	if err == nil {
 		err = o.Wait(handoverConfirmWait)
 	} else {
@@ -252,6 +269,7 @@ func (h *handoverServer) offer(o *handover.Offer) bool {
 	if err != nil {
 		h.stats.failed.Add(1)
 		h.px.ReattachFlows()
+		h.lend.unlend()
 		h.tun.link.ResumeReads()
 		log.Warn("handover failed: serving on", zap.Error(err), zap.Int("flows", len(moved.TCP)), zap.Int("udpFlows", len(moved.UDP)),
 			zap.Duration("paused", time.Since(paused)))
@@ -260,7 +278,7 @@ func (h *handoverServer) offer(o *handover.Offer) bool {
 	// The device, its routes and the moved flows are the new process's.
 	h.tun.routes, h.tun.handedOver = nil, true
 	h.px.ForgetDetached()
-	log.Info("handed over", zap.Int("flowsMoved", len(moved.TCP)), zap.Int("hostFlowsMoved", len(moved.Host)), zap.Int("udpFlowsMoved", len(moved.UDP)), zap.Int("synsMoved", len(syns)), zap.Int("queues", len(queueFDs)),
+	log.Info("handed over", zap.Int("flowsMoved", len(moved.TCP)), zap.Int("hostFlowsMoved", len(moved.Host)), zap.Int("udpFlowsMoved", len(moved.UDP)), zap.Int("synsMoved", len(syns)), zap.Int("queues", len(queueFDs)), zap.Strings("listeners", lent),
 		zap.Duration("paused", time.Since(paused)), zap.Int("snapshotBytes", len(snap)))
 	return true
 }
@@ -307,4 +325,23 @@ func adoptFlows(to *takeover, tun *tunDevice, st *netstack.Stack, px *proxy.Prox
 func (d *tunDevice) commit() {
 	d.routes = append(d.routes, d.inherited...)
 	d.inherited = nil
+}
+
+// inheritListeners gives the NodePorts the listeners lent to this process
+// and serves its NodePorts on them now; it returns the health server's,
+// if lent (nil otherwise).
+func inheritListeners(to *takeover, nodePorts *proxy.NodePorts, t *service.Table, healthAddr string) net.Listener {
+	var health net.Listener
+	if f, ok := to.listeners[healthListenerName(healthAddr)]; ok {
+		delete(to.listeners, healthListenerName(healthAddr))
+		health, _ = net.FileListener(f)
+		_ = f.Close()
+	}
+	nodePorts.Inherit(to.listeners)
+	to.listeners = nil
+	if t != nil {
+		nodePorts.Sync(t)
+	}
+	nodePorts.DropInherited()
+	return health
 }

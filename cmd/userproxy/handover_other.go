@@ -7,12 +7,14 @@ package main
 
 import (
 	"errors"
+	"net"
 	"net/netip"
 
 	"go.uber.org/zap"
 
 	"github.com/userproxy/userproxy/netstack"
 	"github.com/userproxy/userproxy/proxy"
+	"github.com/userproxy/userproxy/service"
 )
 
 type takeover struct{ committed bool }
@@ -33,9 +35,11 @@ func adoptFlows(*takeover, *tunDevice, *netstack.Stack, *proxy.Proxy, *handoverS
 
 type handoverServer struct{}
 
-func listenHandover(string, *netstack.Stack, *tunDevice, *proxy.Proxy, *handoverStats, *zap.Logger) *handoverServer {
+func listenHandover(string, *netstack.Stack, *tunDevice, *proxy.Proxy, listenerLender, *handoverStats, *zap.Logger) *handoverServer {
 	return nil
 }
 
 func (*handoverServer) Done() <-chan struct{} { return nil }
 func (*handoverServer) Close()                {}
+
+func inheritListeners(*takeover, *proxy.NodePorts, *service.Table, string) net.Listener { return nil }

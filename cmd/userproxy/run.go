@@ -582,8 +582,12 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 			return err
 		}
 		hostSetup()
-		if healthLn, err = listenTakingOver(f.healthzAddr); err != nil {
-			return listenHint("--healthz-bind-address", f.healthzAddr, err)
+		// The old process's NodePort and health listeners, lent: served
+		// on at once, no port bound anew.
+		if healthLn = inheritListeners(to, nodePorts, px.Table(), f.healthzAddr); healthLn == nil {
+			if healthLn, err = listenTakingOver(f.healthzAddr); err != nil {
+				return listenHint("--healthz-bind-address", f.healthzAddr, err)
+			}
 		}
 		if healthLn != nil {
 			defer healthLn.Close()
@@ -646,7 +650,7 @@ func run(ctx context.Context, f *runFlags, logger *zap.Logger) error {
 		}
 		defer stopAdmin()
 	}
-	ho := listenHandover(f.handoverSocket, st, tun, px, hoStats, logger.Named("handover"))
+	ho := listenHandover(f.handoverSocket, st, tun, px, listenerLender{nodePorts: nodePorts, health: healthLn, healthAddr: f.healthzAddr}, hoStats, logger.Named("handover"))
 	defer ho.Close()
 	// SIGHUP: a restart, handing over to the binary started again
 	// (restart.go). Without this, SIGHUP would end the process.

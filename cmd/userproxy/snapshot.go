@@ -48,6 +48,7 @@ const (
 	sectionBalancing = 4
 	sectionUDP       = 5
 	sectionHost      = 6
+	sectionListeners = 7
 )
 
 // maxSYN bounds a SYN read from a snapshot: IP and TCP headers with every
@@ -62,6 +63,9 @@ type linkState struct {
 	queues  int
 	created bool
 	routes  []netip.Prefix
+	// listeners names the listeners lent (listenerLender), in the order
+	// of their descriptors, after the flows' (the listeners section).
+	listeners []string
 	// balancing is the balancing section. It rides with the link to
 	// adoptFlows (takeOver hands the link on as to.link), which restores
 	// it into the proxy.
@@ -106,6 +110,12 @@ func encodeSnapshot(l linkState, moved proxy.Moved, syns [][]byte) []byte {
 		e.U32(uint32(len(moved.UDP)))
 		for i := range moved.UDP {
 			encodeUDPFlow(e, &moved.UDP[i])
+		}
+	})
+	s.Section(sectionListeners, func(e *handover.Enc) {
+		e.U32(uint32(len(l.listeners)))
+		for _, name := range l.listeners {
+			e.String(name)
 		}
 	})
 	s.Section(sectionHost, func(e *handover.Enc) {
@@ -226,6 +236,19 @@ func decodeSnapshot(b []byte) (linkState, proxy.Moved, [][]byte, error) {
 		udp = decodeFlows(d, minUDPFlow, decodeUDPFlow, func(f *proxy.MovedUDP) conntrack.Tuple { return f.Entry.Original })
 		if err := d.End(); err != nil {
 			return linkState{}, proxy.Moved{}, nil, fmt.Errorf("UDP section: %w", err)
+		}
+	}
+	if b, ok := secs[sectionListeners]; ok { // none from a build before it
+		d = handover.NewDec(b)
+		for n := d.Count(4); n > 0 && d.Err() == nil; n-- {
+			name := d.String()
+			if len(name) == 0 || len(name) > 128 || slices.Contains(l.listeners, name) {
+				d.Fail("a listener named %q", name)
+			}
+			l.listeners = append(l.listeners, name)
+		}
+		if err := d.End(); err != nil {
+			return linkState{}, proxy.Moved{}, nil, fmt.Errorf("listeners section: %w", err)
 		}
 	}
 	var host []proxy.MovedHost

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/userproxy/userproxy/handover"
+	"github.com/userproxy/userproxy/proxy"
 )
 
 // errOldDied: the process being taken over from went away before it
@@ -103,4 +104,41 @@ func (h *handoverStats) register(reg prometheus.Registerer) error {
 		}
 	}
 	return nil
+}
+
+// listenerLender lends this process's TCP listeners to the next process in
+// a handover: the NodePorts' (their accept loops wait meanwhile) and the
+// health server's (it serves on until this process stops: a connection
+// either accepts is answered). Each goes by a name the next process knows
+// it by.
+type listenerLender struct {
+	nodePorts  *proxy.NodePorts
+	health     net.Listener
+	healthAddr string
+}
+
+// healthListenerName names the health server's listener among those lent.
+func healthListenerName(addr string) string { return "healthz " + addr }
+
+func (l listenerLender) lend() (names []string, fds []int) {
+	if l.nodePorts != nil {
+		for _, ln := range l.nodePorts.Lend() {
+			names, fds = append(names, ln.Name), append(fds, ln.FD)
+		}
+	}
+	if tl, ok := l.health.(*net.TCPListener); ok {
+		if rc, err := tl.SyscallConn(); err == nil {
+			fd := -1
+			if rc.Control(func(raw uintptr) { fd = int(raw) }) == nil && fd >= 0 {
+				names, fds = append(names, healthListenerName(l.healthAddr)), append(fds, fd)
+			}
+		}
+	}
+	return names, fds
+}
+
+func (l listenerLender) unlend() {
+	if l.nodePorts != nil {
+		l.nodePorts.Unlend()
+	}
 }

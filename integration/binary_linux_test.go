@@ -65,6 +65,13 @@ func userproxyBinary(t *testing.T) string {
 	return binPath
 }
 
+// removeBuiltBinaries removes what userproxyBinary built.
+func removeBuiltBinaries() {
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+}
+
 // binNS is a namespace prepared for the binary: loopback up, a client
 // address, and endpoints on loopback.
 type binNS struct {

@@ -27,7 +27,17 @@ import (
 	"github.com/userproxy/userproxy/service"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(removeBinaries{m}) }
+
+// removeBinaries removes the binaries the tests built (userproxyBinary)
+// once they have run.
+type removeBinaries struct{ m *testing.M }
+
+func (r removeBinaries) Run() int {
+	code := r.m.Run()
+	removeBuiltBinaries()
+	return code
+}
 
 // translateTCP runs the rig's TCP flows through the translator
 // (netstack/translate.go), as the binary does by default (--tcp-translate);

@@ -19,3 +19,6 @@ func kernelPath(b *testing.B, serve func(net.Conn)) func() (net.Conn, error) {
 	b.Skip("the kernel path needs Linux network namespaces")
 	return nil
 }
+
+// removeBuiltBinaries: no binary is built here.
+func removeBuiltBinaries() {}

@@ -27,17 +27,18 @@ import (
 
 // echoStreams are long-lived TCP connections to an echo endpoint (through
 // a ClusterIP, or a NodePort), each writing random bytes and reading them
-// back, both ways at once: every byte is checked as it returns, and each
-// side's bytes are hashed, for a check at the end that nothing was lost,
-// doubled or reordered across any number of handovers.
+// back, both ways at once. Each side's bytes are hashed, for a check at the
+// end that nothing was lost, doubled, changed or reordered across any
+// number of handovers. Cheap on purpose: CI runs it under the race
+// detector, with 200 streams beside UDP flows that must not starve.
 type echoStreams struct {
 	name     string // what the errors call a stream
 	stop     atomic.Bool
 	wg       sync.WaitGroup
 	failures chan error
 	moved    []atomic.Int64
-	sent     []hash.Hash
-	echoed   []hash.Hash
+	sent     []hash.Hash // the writer's alone until stop
+	echoed   []hash.Hash // the reader's alone until stop
 }
 
 // startEchoStreams opens n streams, each with a call of dial; the errors
@@ -45,62 +46,56 @@ type echoStreams struct {
 func startEchoStreams(t *testing.T, name string, dial func() (net.Conn, error), n int) *echoStreams {
 	t.Helper()
 	// Two errors a stream at most: its writer's and its reader's.
-	s := &echoStreams{name: name, failures: make(chan error, 2*n), moved: make([]atomic.Int64, n)}
+	s := &echoStreams{name: name, failures: make(chan error, 2*n), moved: make([]atomic.Int64, n),
+		sent: make([]hash.Hash, n), echoed: make([]hash.Hash, n)}
+	for i := range n {
+		s.sent[i], s.echoed[i] = sha256.New(), sha256.New()
+	}
 	for i := range n {
 		conn, err := dial()
 		if err != nil {
 			s.halt()
 			t.Fatalf("%s %d: %v", name, i, err)
 		}
-		s.sent, s.echoed = append(s.sent, sha256.New()), append(s.echoed, sha256.New())
 		s.wg.Add(2)
 		done := make(chan struct{})
 		go func() { // the writer
 			defer s.wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(i), 23))
+			var seed [32]byte
+			seed[0], seed[1] = byte(i), byte(i>>8)
+			rng := rand.NewChaCha8(seed)
 			out := make([]byte, 4096)
 			for k := 0; k < 1000000 && !s.stop.Load(); k++ {
-				size := 1 + rng.IntN(len(out))
-				for j := range out[:size] {
-					out[j] = byte(rng.Uint32())
-				}
+				size := 1 + int(rng.Uint64()%uint64(len(out)))
+				_, _ = rng.Read(out[:size])
 				_ = conn.SetWriteDeadline(time.Now().Add(20 * time.Second))
 				if _, err := conn.Write(out[:size]); err != nil {
 					s.failures <- fmt.Errorf("%s %d, after %d bytes: write: %w", s.name, i, s.moved[i].Load(), err)
 					return
 				}
 				s.sent[i].Write(out[:size])
-				time.Sleep(10 * time.Millisecond) // 200 streams of about 200 KB/s each: a load, not a flood
+				time.Sleep(20 * time.Millisecond) // 200 streams of about 100 KB/s each: a load, not a flood
 			}
 			_ = conn.(*net.TCPConn).CloseWrite()
 			<-done
 		}()
-		go func() { // the reader: the echo, checked against the same sequence
+		go func() { // the reader: the echo, hashed as it comes
 			defer s.wg.Done()
 			defer close(done)
 			defer conn.Close()
-			rng := rand.New(rand.NewPCG(uint64(i), 23))
-			in := make([]byte, 4096)
+			in := make([]byte, 16<<10)
 			for {
-				size := 1 + rng.IntN(len(in))
-				want := make([]byte, size)
-				for j := range want {
-					want[j] = byte(rng.Uint32())
-				}
 				_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
-				if _, err := io.ReadFull(conn, in[:size]); err != nil {
+				m, err := conn.Read(in)
+				s.echoed[i].Write(in[:m])
+				s.moved[i].Add(int64(m))
+				if err != nil {
 					if errors.Is(err, io.EOF) && s.stop.Load() {
 						return // the echo of the writer's close, after its last chunk
 					}
 					s.failures <- fmt.Errorf("%s %d, after %d bytes: read: %w", s.name, i, s.moved[i].Load(), err)
 					return
 				}
-				if !bytes.Equal(in[:size], want) {
-					s.failures <- fmt.Errorf("%s %d, after %d bytes: the echo differs", s.name, i, s.moved[i].Load())
-					return
-				}
-				s.echoed[i].Write(in[:size])
-				s.moved[i].Add(int64(size))
 			}
 		}()
 	}

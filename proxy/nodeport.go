@@ -62,6 +62,7 @@ type NodePorts struct {
 	// process lent, by name.
 	lending   atomic.Bool
 	lendCond  *sync.Cond
+	parked    int // accept loops waiting while lent
 	inherited map[string]*os.File
 }
 
@@ -268,7 +269,6 @@ func (n *NodePorts) handleTCP(c net.Conn, fam service.Family, port uint16) {
 		resetTCP(c)
 		return
 	}
-	done()
 	defer keepAliveLater(backend, endpointKeepAlive)()
 	p.stats.count(conntrack.TCP, ResultProxied)
 	p.stats.countWay(conntrack.TCP, way)
@@ -285,6 +285,7 @@ func (n *NodePorts) handleTCP(c net.Conn, fam service.Family, port uint16) {
 		p.ct.DeleteFlow(tuple, nil)
 		return
 	}
+	done() // set up: a handover moves it from here on (NodePorts.Lend waits for this)
 	s.run()
 	p.ct.DeleteFlow(tuple, f) // no FIN passed the table: the entry goes with the flow
 }

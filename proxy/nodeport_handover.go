@@ -24,9 +24,30 @@ type LentListener struct {
 	FD   int
 }
 
+// lendWait bounds Lend's wait for the connections accepted before it to
+// be set up (their endpoints dialled): set up, they move with the flows.
+const lendWait = 2 * time.Second
+
 // Lend stops the TCP NodePort listeners' accept loops and returns their
-// descriptors; Unlend starts the loops again.
+// descriptors, once the connections already accepted are set up (or
+// lendWait has passed): each is then a flow that DetachFlows moves. Unlend
+// starts the loops again.
 func (n *NodePorts) Lend() []LentListener {
+	lent := n.lend()
+	// Every accept loop parked: what it accepted before holds its
+	// in-flight token already. Then those connections' set-ups end.
+	for deadline := time.Now().Add(lendWait); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		n.mu.Lock()
+		parked := n.parked >= len(lent)
+		n.mu.Unlock()
+		if parked && len(n.inFlight) == 0 {
+			break
+		}
+	}
+	return lent
+}
+
+func (n *NodePorts) lend() []LentListener {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
@@ -65,9 +86,11 @@ func (n *NodePorts) Unlend() {
 func (n *NodePorts) waitLent() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.parked++
 	for n.lending.Load() && !n.closed {
 		n.lendCond.Wait()
 	}
+	n.parked--
 	return !n.closed
 }
 

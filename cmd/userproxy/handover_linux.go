@@ -250,8 +250,8 @@ func (h *handoverServer) offer(o *handover.Offer) bool {
 		return false
 	}
 	syns := h.st.HandOffHandshakes()
+	lent, lentFDs := h.lend.lend() // first: a NodePort connection being set up becomes a flow that moves
 	moved, sockFDs := h.px.DetachFlows()
-	lent, lentFDs := h.lend.lend()
 	l := linkState{name: h.tun.name, mtu: h.tun.link.MTU(), vnet: h.tun.link.Offload, queues: len(queueFDs), created: h.tun.created,
 		balancing: h.px.SaveBalancing(), listeners: lent} // the readers paused: no pick moves it now
 	for _, r := range h.tun.routes {

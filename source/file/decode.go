@@ -145,6 +145,13 @@ type document struct {
 	json  bool
 }
 
+// lastLine is the file line of d's last line. The YAML parser counts a
+// lone carriage return as a line break; an editor, and this file:line,
+// count newlines only: a line the parser names past it is its last.
+func (d *document) lastLine() int {
+	return d.first + bytes.Count(bytes.TrimSuffix(d.data, []byte("\n")), []byte("\n"))
+}
+
 // byteOrderMark may open a file written by an editor that adds one; YAML
 // ignores it, JSON does not allow it.
 var byteOrderMark = []byte("\ufeff")
@@ -289,7 +296,7 @@ func decodeFile(name string, data []byte) ([]object, error) {
 			e.Field = fieldOf(err)
 			if e.Field != "" && !d.json {
 				if l := fieldLine(d.data, item, e.Field); l > 0 {
-					e.FieldLine = l + d.first - 1
+					e.FieldLine = min(l+d.first-1, d.lastLine())
 				}
 			}
 			return e
@@ -305,7 +312,7 @@ func decodeFile(name string, data []byte) ([]object, error) {
 					// error at the end of the stream: the document's
 					// last line is where to look.
 					n, _ := strconv.Atoi(m[1])
-					e.FieldLine = min(n, d.first+bytes.Count(bytes.TrimSuffix(d.data, []byte("\n")), []byte("\n")))
+					e.FieldLine = min(n, d.lastLine())
 				}
 				return nil, e
 			}

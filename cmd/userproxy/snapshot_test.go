@@ -44,6 +44,7 @@ func testSnapshot() (linkState, proxy.Moved) {
 		flows = append(flows, f)
 	}
 	l.balancing = testBalancing()
+	l.listeners = []string{"TCP 127.0.0.1:30080", healthListenerName("0.0.0.0:10256")}
 	udp := []proxy.MovedUDP{{
 		Entry: conntrack.Saved{
 			Original: conntrack.MakeTuple(conntrack.UDP, netip.MustParseAddrPort("10.0.0.7:40002"), netip.MustParseAddrPort("10.96.0.53:53")),
@@ -120,6 +121,11 @@ func TestSnapshotDecodeRefuses(t *testing.T) {
 	bad.queues = 0
 	if _, _, _, err := decodeSnapshot(encodeSnapshot(bad, flows, nil)); !errors.Is(err, handover.ErrCorrupt) {
 		t.Errorf("no queues: %v", err)
+	}
+	twice := l
+	twice.listeners = []string{"TCP 127.0.0.1:30080", "TCP 127.0.0.1:30080"}
+	if _, _, _, err := decodeSnapshot(encodeSnapshot(twice, flows, nil)); !errors.Is(err, handover.ErrCorrupt) {
+		t.Errorf("a listener twice: %v", err)
 	}
 	for name, m := range map[string]proxy.Moved{
 		"a flow twice":      {TCP: []proxy.MovedFlow{flows.TCP[0], flows.TCP[0]}},

@@ -24,21 +24,36 @@ type driver struct {
 	all   uint64
 	set   chan int
 	acks  chan struct{}
+	ready chan struct{} // closed at Run's first Waits: its window's start
 	stop  func()
 }
 
 func start(t *testing.T, cfg Config) *driver {
-	d := &driver{t: t, ticks: make(chan time.Time), set: make(chan int, 100), acks: make(chan struct{})}
+	d := &driver{t: t, ticks: make(chan time.Time), set: make(chan int, 100), acks: make(chan struct{}), ready: make(chan struct{})}
 	cfg.Ticks = d.ticks
 	cfg.ticked = func() { d.acks <- struct{}{} }
 	cfg.Runnable = func() uint64 { d.mu.Lock(); defer d.mu.Unlock(); return d.queue }
-	cfg.Waits = func(time.Duration) (uint64, uint64) { d.mu.Lock(); defer d.mu.Unlock(); return d.slow, d.all }
+	var once sync.Once
+	cfg.Waits = func(time.Duration) (uint64, uint64) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		once.Do(func() { close(d.ready) })
+		return d.slow, d.all
+	}
 	cfg.Set = func(n int) { d.set <- n }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { Run(ctx, cfg); close(done) }()
 	d.stop = func() { cancel(); <-done }
 	d.expect(1) // starts at one P
+	// The first tick's counts must come after Run read the first window's
+	// start (CI once saw them before it: the window then held 300 wake-ups,
+	// not 400, and 19 slow were over 5%).
+	select {
+	case <-d.ready:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run never read the wait counts")
+	}
 	return d
 }
 

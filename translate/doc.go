@@ -23,8 +23,9 @@
 //   - The RFCs, section by section beside the code: RFC 9293 3.10.7.4
 //     (segment arrival), 3.8.6 (windows, silly window avoidance, zero-window
 //     probes); RFC 6298 (RTT estimation and the RTO, with Linux's 200 ms
-//     floor and 120 s cap); RFC 5681 and RFC 6582 (NewReno congestion
-//     control and recovery, from an initial window of 10, RFC 6928); RFC
+//     floor and 120 s cap); RFC 9438 (CUBIC congestion control, Linux's
+//     default), RFC 5681 and RFC 6582 (slow start from an initial window
+//     of 10, RFC 6928; NewReno's recovery without SACK); RFC
 //     2018 and RFC 6675 (SACK both ways); RFC 8985 (RACK-TLP: with SACK, a
 //     loss is found by send times, a lost retransmission too, and a tail
 //     loss by a probe); RFC 6937 (proportional rate reduction in a
@@ -44,7 +45,8 @@
 //     was late (reoDelay), where RFC 8985 caps it at the round trip: on a
 //     path whose reordering outlasts its round trip that cap sends every
 //     reordered segment twice.
-//   - NewReno's window growth, not CUBIC's (Linux's default).
+//   - No HyStart (RFC 9406, on in Linux): slow start ends at the first
+//     loss.
 //   - SACK blocks ride on pure ACKs, not on data segments: data segments
 //     keep one header length, which host GSO needs.
 //   - No ECN, no TCP Fast Open, no urgent data (the endpoint socket takes it

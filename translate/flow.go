@@ -15,7 +15,7 @@ package translate
 //     fills, and answered with a duplicate ACK naming them in SACK blocks.
 //  2. Send: unacknowledged bytes stay in the socket's receive queue. They
 //     are peeked from the peek offset (sndNxt-sndUna past the queue's head)
-//     as far as the client's window and the congestion window (reno.go)
+//     as far as the client's window and the congestion window (cubic.go)
 //     go, straight into the segment's buffer, and discarded when the client
 //     acknowledges them. Over a link that offloads, a segment holds up to
 //     64 KiB for the kernel to cut at the MSS, its checksum left partial.
@@ -146,7 +146,7 @@ type Flow struct {
 	finSent     bool // our FIN is sndNxt-1
 	finSeen     bool // our FIN was sent: it is sndMax-1
 
-	// Loss recovery and congestion control (reno.go, sack.go, rack.go).
+	// Loss recovery and congestion control (cc.go, cubic.go, sack.go, rack.go).
 	sackOK     bool // both ends take SACK
 	score      scoreboard
 	log        sentLog   // with SACK: what is in flight, for RACK (sentlog.go)
@@ -155,6 +155,7 @@ type Flow struct {
 	ackTS      bool      // the ACK being taken echoes a timestamp: ackEcr
 	ackEcr     uint32
 	cc         congestionControl
+	lastSend   time.Time // when pump last sent, for cc.restart
 	inRecovery bool
 	rtt        rttEstimator
 	timing     bool // a segment's round trip is being timed (no timestamps): rttSeq at rttAt
@@ -271,7 +272,7 @@ func New(cfg Config, syn Segment) *Flow {
 	f.sndMax = f.sndNxt
 	f.recover = f.iss // RFC 6582 3.2: the initial send sequence number
 	f.sndWl1, f.sndWl2 = syn.seq, f.iss
-	f.cc = newReno(f.sendMSS)
+	f.cc = newCubic(f.sendMSS)
 	f.dupThresh = dupAckThresh
 	return f
 }

@@ -90,7 +90,7 @@ func TestFlowSACKSend(t *testing.T) {
 		t.Fatalf("in recovery %v, recover %d", h.f.inRecovery, h.f.recover-testISS-1)
 	}
 	h.sackAck(1000, 65535)
-	if h.f.inRecovery || h.f.cc.window() != h.f.cc.(*reno).ssthresh {
+	if h.f.inRecovery || h.f.cc.window() != h.f.cc.ssthreshold() {
 		t.Fatalf("after the full ACK: in recovery %v, cwnd %d", h.f.inRecovery, h.f.cc.window())
 	}
 }
@@ -115,8 +115,9 @@ func TestFlowCongestionWindow(t *testing.T) {
 	if got := payloads(h.take()); len(got) != 1 || got[0] != [2]uint32{1000, 100} {
 		t.Fatalf("after a timeout: %v; want one segment at 1000", got)
 	}
-	if h.f.cc.window() != 100 || h.f.cc.(*reno).ssthresh != 1000 {
-		t.Fatalf("after a timeout: cwnd %d, ssthresh %d", h.f.cc.window(), h.f.cc.(*reno).ssthresh)
+	// CUBIC's reduction: 0.7 of the window of 20 segments.
+	if h.f.cc.window() != 100 || h.f.cc.ssthreshold() != 1400 {
+		t.Fatalf("after a timeout: cwnd %d, ssthresh %d", h.f.cc.window(), h.f.cc.ssthreshold())
 	}
 }
 
@@ -547,5 +548,75 @@ func TestFlowFastRetransmitPast2GiB(t *testing.T) {
 	}
 	if out := h.take(); len(out) != 1 || string(out[0].payload) != "wxyz" || out[0].seq != una {
 		t.Fatalf("after %d duplicate ACKs, 2 GiB into the flow: %+v", dupAckThresh, out)
+	}
+}
+
+// TestFlowTimeoutInRecoveryKeepsReduction: a timeout that comes in a
+// recovery cuts the window to one segment but keeps the recovery's
+// threshold (Linux's tcp_enter_loss computes ssthresh only from the open
+// state): one reduction per loss episode, not 0.7 of 0.7.
+func TestFlowTimeoutInRecoveryKeepsReduction(t *testing.T) {
+	h := newHarnessLink(t, Segment{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
+	h.established(65535)
+	h.sock.queue = bytes.Repeat([]byte("abcdefghij"), 100)
+	h.f.Readable()
+	h.take()
+	h.now = h.now.Add(time.Millisecond)
+	h.sackAck(100, 65535, [2]uint32{200, 600})
+	h.take()
+	// The ACK of the first segment grew the window to 11 segments.
+	if !h.f.inRecovery || h.f.cc.ssthreshold() != 770 {
+		t.Fatalf("in recovery %v, ssthresh %d; want a recovery at 770 (0.7 of 11 segments)", h.f.inRecovery, h.f.cc.ssthreshold())
+	}
+	// The hole is sent again up to maxHeadResends times before the RTO
+	// takes over.
+	for i := 0; i <= maxHeadResends && h.f.cc.window() != 100; i++ {
+		h.now = h.now.Add(2 * time.Second)
+		h.f.OnRTO()
+	}
+	if h.f.cc.window() != 100 || h.f.cc.ssthreshold() != 770 {
+		t.Fatalf("a timeout in the recovery: cwnd %d, ssthresh %d; want 100, 770", h.f.cc.window(), h.f.cc.ssthreshold())
+	}
+}
+
+// TestFlowWholeSegments: when the congestion window or the client's window
+// stops a send, the flow sends whole segments and waits for the next ACK
+// with the rest (Linux's tcp_mss_split_point; RFC 9293 3.8.6.2.1): no runt
+// for a window's odd bytes while data is in flight, and no GSO batch whose
+// last cut is one.
+func TestFlowWholeSegments(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		cwnd, wnd int
+		gso       bool
+	}{
+		{"congestion window, GSO", 1050, 65535, true},
+		{"client's window", 100000, 1050, false},
+		{"client's window, GSO", 100000, 1050, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarnessLink(t, Segment{mss: 100, ws: 0, sackOK: true, wnd: uint16(tc.wnd)}, 1460, tc.gso)
+			h.established(uint16(tc.wnd))
+			h.f.cc.(*cubic).cwnd, h.f.cc.(*cubic).ssthresh = tc.cwnd, tc.cwnd // congestion avoidance
+			h.sock.queue = bytes.Repeat([]byte("x"), 5000)
+			h.f.Readable()
+			check := func(what string, want int) {
+				t.Helper()
+				got := payloads(h.take())
+				sum := 0
+				for _, p := range got {
+					if p[1]%100 != 0 {
+						t.Fatalf("%s: sent %v, a runt", what, got)
+					}
+					sum += int(p[1])
+				}
+				if sum != want {
+					t.Fatalf("%s: sent %v, %d bytes; want %d", what, got, sum, want)
+				}
+			}
+			check("the first flight", 1000)
+			h.sackAck(200, uint16(tc.wnd))
+			check("after an ACK of two segments", 200)
+		})
 	}
 }

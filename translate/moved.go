@@ -114,7 +114,6 @@ func (f *Flow) export() (Moved, error) {
 	if f.state == stateClosed || f.detached {
 		return Moved{}, ErrNotMovable
 	}
-	c := f.cc.(*reno)
 	return Moved{
 		SynRcvd: f.state == stateSynRcvd,
 		IRS:     f.irs, RcvNxt: f.rcvNxt, RcvAdv: f.rcvAdv, RcvWnd: f.rcvWnd, RcvShift: f.rcvShift, FinIn: f.finIn, SockFull: f.sockFull,
@@ -122,7 +121,7 @@ func (f *Flow) export() (Moved, error) {
 		Recover: f.recover, SndWl1: f.sndWl1, SndWl2: f.sndWl2, SndShift: f.sndShift, PeerWS: int8(f.peerWS),
 		AdvMSS: uint16(f.advMSS), MSS: uint16(f.mss), FinSent: f.finSent, FinSeen: f.finSeen, DupThresh: uint16(f.dupThresh),
 		SackOK: f.sackOK, TS: f.ts, TSRecent: f.tsRecent, TSNow: f.tsNow(),
-		Cwnd: uint32(c.cwnd), Ssthresh: uint32(c.ssthresh), SRTT: f.rtt.srtt, RTTVar: f.rtt.rttvar, Measured: f.rtt.measured,
+		Cwnd: uint32(f.cc.window()), Ssthresh: uint32(f.cc.ssthreshold()), SRTT: f.rtt.srtt, RTTVar: f.rtt.rttvar, Measured: f.rtt.measured,
 		MinRTT: f.rack.minRTT, ReoDelay: f.rack.reoDelay, ReoSeen: f.rack.reoSeen, ReoMult: uint8(min(f.rack.reoMult, reoMultMax)),
 	}, nil
 }
@@ -160,7 +159,7 @@ func (m *Moved) check() error {
 		return bad("with its FIN acknowledged but not sent")
 	case m.DupThresh < dupAckThresh || m.DupThresh > maxReordering:
 		return bad("with a reordering threshold of %d", m.DupThresh)
-	case m.Cwnd == 0 || m.Cwnd > renoMaxWindow || m.Ssthresh == 0 || m.Ssthresh > renoMaxWindow:
+	case m.Cwnd == 0 || m.Cwnd > maxCwnd || m.Ssthresh == 0 || m.Ssthresh > maxCwnd:
 		return bad("with cwnd %d, ssthresh %d", m.Cwnd, m.Ssthresh)
 	case m.SRTT < 0 || m.SRTT > rtoMax || m.RTTVar < 0 || m.RTTVar > rtoMax || m.MinRTT < 0 || m.MinRTT > rtoMax || m.ReoDelay < 0 || m.ReoDelay > rtoMin:
 		return bad("with round trips out of range")
@@ -204,7 +203,7 @@ func Restore(cfg Config, m Moved) (*Flow, error) {
 		f.sendMSS -= 12
 	}
 	f.maxWnd = min(f.rcvWnd, 0xffff<<f.rcvShift)
-	c := newReno(f.sendMSS)
+	c := newCubic(f.sendMSS)
 	c.cwnd, c.ssthresh = max(int(m.Cwnd), f.sendMSS), max(int(m.Ssthresh), 2*f.sendMSS)
 	f.cc = c
 	f.rack = rackState{minRTT: m.MinRTT, reoDelay: m.ReoDelay, reoSeen: m.ReoSeen, reoMult: int(m.ReoMult)}

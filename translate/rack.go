@@ -141,12 +141,13 @@ func (f *Flow) rackDetect() {
 }
 
 // enterRecovery starts a recovery with SACK (RFC 6675 5): the window is
-// cut once for what was in flight (FlightSize: sent and not cumulatively
+// cut once (cubic.go), and proportional rate reduction paces the recovery
+// by what was in flight (FlightSize: sent and not cumulatively
 // acknowledged, RFC 5681 3.1); the first lost segment may go at once (5
 // step 4.3), the others as proportional rate reduction allows (pump).
 func (f *Flow) enterRecovery() {
 	flight := int(f.sndMax - f.sndUna)
-	f.cc.lost(flight)
+	f.cc.lost()
 	f.prr = prrState{recoverFS: max(flight, 1), allow: f.sendMSS}
 	f.inRecovery, f.tlpProbing = true, false
 	f.recover = f.sndMax

@@ -2,7 +2,7 @@ package translate
 
 // The sender: what the flow sends of the endpoint's bytes and when (RFC
 // 9293 3.8.6.2, 3.10.7.4), the acknowledgments it takes, and loss recovery
-// (RFC 5681 3.2, RFC 6582, RFC 6675); the window it sends into: reno.go.
+// (RFC 5681 3.2, RFC 6582, RFC 6675); the window it sends into: cubic.go.
 
 import (
 	"errors"
@@ -131,7 +131,7 @@ func (f *Flow) ackInput(s Segment) {
 			f.cc.recovered()
 			f.eifelUndo()
 		case !f.inRecovery:
-			f.cc.acked(int(d), 2*flight >= f.cc.window())
+			f.cc.acked(int(d), flight, f.now(), f.pathRTT())
 			if int32(f.sndUna-f.recover) > 0 {
 				// Past the last recovery for good: recover follows, so
 				// that sequence space does not wrap it ahead of sndUna
@@ -200,7 +200,7 @@ func (f *Flow) ackInput(s Segment) {
 		return
 	}
 	if f.dupAcks >= f.dupThresh && int32(f.sndUna-f.recover) > 0 {
-		f.cc.lost(f.pipe())
+		f.cc.lost()
 		f.inRecovery, f.tlpProbing = true, false
 		f.startUndo()
 		f.rewind()
@@ -245,6 +245,16 @@ func (f *Flow) sampleRTT(s Segment) {
 		f.timing = false
 		f.rtt.sample(f.now().Sub(f.rttAt))
 	}
+}
+
+// pathRTT is the least round trip seen toward the client (RACK's, with
+// SACK), else the smoothed one: what CUBIC's curve looks ahead by
+// (tcp_cubic.c's delay_min).
+func (f *Flow) pathRTT() time.Duration {
+	if f.rack.minRTT > 0 {
+		return f.rack.minRTT
+	}
+	return f.rtt.srtt
 }
 
 // pipe is RFC 6675 4's estimate of the bytes in flight: what was sent
@@ -303,6 +313,9 @@ func (f *Flow) pump() {
 			}
 			return
 		}
+		if room < f.sendMSS && 2*room < int(f.maxSndWnd) && f.sndNxt != f.sndUna {
+			return // RFC 9293 3.8.6.2.1: no sliver of the client's window while ACKs are due
+		}
 		pipe := f.pipe()
 		cwnd := f.budget()
 		if cwnd < f.sendMSS {
@@ -316,6 +329,13 @@ func (f *Flow) pump() {
 		}
 		hl := f.hdrLen()
 		n := min(room, cwnd, f.maxSegment(), len(*bp)-hl)
+		if n >= f.sendMSS && (n == room || n == cwnd) {
+			// Whole segments while a window is what stops the send (Linux's
+			// tcp_mss_split_point): the rest waits for the next ACK. A runt
+			// for a window's odd bytes costs a packet, and the client's
+			// memory a buffer, for a fraction of a segment.
+			n -= n % f.sendMSS
+		}
 		if limit > 0 {
 			n = min(n, limit)
 		}
@@ -336,6 +356,10 @@ func (f *Flow) pump() {
 			f.maybeDone()
 			return
 		}
+		if f.sndUna == f.sndMax && !f.lastSend.IsZero() {
+			f.cc.restart(f.now().Sub(f.lastSend), f.now())
+		}
+		f.lastSend = f.now()
 		if f.sndUna == f.sndNxt {
 			f.progress = f.now() // a new flight
 			f.tlpDue = f.sackOK

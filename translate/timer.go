@@ -55,6 +55,7 @@ func (f *Flow) OnRTO() bool {
 		// timer backed off; RFC 5681 3.1: the congestion window cut to
 		// one segment; RFC 2018 8: what the client SACKed is sent again
 		// too (it may have dropped it).
+		again := !f.retransAt.IsZero() || f.inRecovery
 		if f.retransAt.IsZero() {
 			f.retransAt = now
 			f.startUndo()
@@ -63,7 +64,7 @@ func (f *Flow) OnRTO() bool {
 			return false
 		}
 		f.backoff++
-		f.cc.timedOut(int(f.sndMax - f.sndUna)) // RFC 5681 3.1's FlightSize
+		f.cc.timedOut(again)
 		f.inRecovery = false
 		f.score.clear()
 		if f.sackOK {

@@ -10,7 +10,7 @@ package translate
 import "time"
 
 // congestionControl decides the congestion window of a flow's sender, in
-// bytes. Its methods are called under the flow's lock.
+// bytes: CUBIC's (cubic.go). Its methods are called under the flow's lock.
 type congestionControl interface {
 	// window is the congestion window: the most the flow may have in
 	// flight (RFC 5681 2, cwnd).
@@ -18,98 +18,29 @@ type congestionControl interface {
 	// ssthreshold is the slow start threshold: where a recovery brings
 	// the window down to.
 	ssthreshold() int
-	// acked reports n bytes newly acknowledged outside loss recovery;
-	// limited says whether the flight was limited by the window (RFC 7661:
-	// an application-limited flow does not grow it).
-	acked(n int, limited bool)
-	// lost reports a loss found by duplicate ACKs or SACK with flight
-	// bytes in flight: the start of fast recovery (RFC 5681 3.2, RFC 6582).
-	lost(flight int)
+	// acked reports n bytes newly acknowledged outside loss recovery at
+	// now, with flight bytes in flight before them, on a path whose least
+	// round trip is rtt. Whether the window limited the flight is the
+	// congestion control's to judge (RFC 7661: an application-limited
+	// flow does not grow it).
+	acked(n, flight int, now time.Time, rtt time.Duration)
+	// restart reports that the flow sends new bytes after idle with
+	// nothing in flight.
+	restart(idle time.Duration, now time.Time)
+	// lost reports a loss found by duplicate ACKs or SACK: the start of
+	// fast recovery (RFC 5681 3.2, RFC 6582).
+	lost()
 	// recovered reports the end of fast recovery: every byte in flight
 	// when it began is acknowledged (RFC 6582 3.2 step 3).
 	recovered()
-	// timedOut reports a retransmission timeout with flight bytes in
-	// flight (RFC 5681 3.1's loss window).
-	timedOut(flight int)
+	// timedOut reports a retransmission timeout (RFC 5681 3.1's loss
+	// window); again says it follows another with no ACK between, whose
+	// reduction stands (Linux's tcp_enter_loss sets ssthresh once).
+	timedOut(again bool)
 	// undo reports that the last reduction's loss was none: the client
 	// got the bytes sent again twice (a D-SACK, RFC 2883 5; Linux's
 	// tcp_try_undo_dsack): the window goes back to what it was.
 	undo()
-}
-
-var _ congestionControl = (*reno)(nil)
-
-// reno is NewReno's congestion control (RFC 5681, RFC 6582), in bytes:
-// slow start from an initial window of 10 segments (RFC 6928, Linux's
-// TCP_INIT_CWND), congestion avoidance past ssthresh, the window halved on
-// a loss and cut to one segment on a timeout. Slow start grows by every
-// byte acknowledged, as Linux's tcp_slow_start does, not by one segment per
-// ACK (RFC 3465's limit): the client's ACKs cover many segments at once
-// under GRO.
-type reno struct {
-	mss      int
-	cwnd     int
-	ssthresh int
-	avoided  int // bytes acknowledged toward the next segment of growth in congestion avoidance
-	// The window and threshold before the last reduction, for undo.
-	priorCwnd, priorSsthresh int
-}
-
-// renoMaxWindow bounds the window's growth: past the largest window a
-// client can offer (1 GiB with scaling), growth means nothing.
-const renoMaxWindow = 1 << 30
-
-func newReno(mss int) *reno {
-	return &reno{mss: mss, cwnd: 10 * mss, ssthresh: renoMaxWindow}
-}
-
-func (c *reno) window() int { return c.cwnd }
-
-func (c *reno) ssthreshold() int { return c.ssthresh }
-
-func (c *reno) acked(n int, limited bool) {
-	if !limited || n <= 0 {
-		return
-	}
-	if c.cwnd < c.ssthresh {
-		grow := min(n, c.ssthresh-c.cwnd)
-		c.cwnd += grow
-		n -= grow
-		if n == 0 {
-			return
-		}
-	}
-	// Congestion avoidance: one segment per window acknowledged (RFC
-	// 5681 3.1, equation 3 in bytes).
-	if c.avoided += n; c.avoided >= c.cwnd {
-		c.avoided -= c.cwnd
-		c.cwnd = min(c.cwnd+c.mss, renoMaxWindow)
-	}
-}
-
-// halve is RFC 5681 equation 4: half the flight, two segments at least.
-func (c *reno) halve(flight int) int { return max(flight/2, 2*c.mss) }
-
-func (c *reno) lost(flight int) {
-	c.priorCwnd, c.priorSsthresh = c.cwnd, c.ssthresh
-	c.ssthresh = c.halve(flight)
-	c.cwnd, c.avoided = c.ssthresh, 0
-}
-
-func (c *reno) recovered() { c.cwnd = c.ssthresh }
-
-func (c *reno) undo() {
-	if c.priorCwnd == 0 {
-		return
-	}
-	c.cwnd, c.ssthresh = max(c.cwnd, c.priorCwnd), max(c.ssthresh, c.priorSsthresh)
-	c.priorCwnd = 0
-}
-
-func (c *reno) timedOut(flight int) {
-	c.priorCwnd, c.priorSsthresh = c.cwnd, c.ssthresh
-	c.ssthresh = c.halve(flight)
-	c.cwnd, c.avoided = c.mss, 0 // the loss window: one segment
 }
 
 // The retransmission timeout (RFC 6298, with Linux's bounds): 1 s before

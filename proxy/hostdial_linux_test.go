@@ -542,3 +542,37 @@ func TestTranslatedSocketUrgentData(t *testing.T) {
 		t.Fatalf("after the discard: %d bytes, %v; want the EOF", n, err)
 	}
 }
+
+// TestTranslatableBuffers: a translated flow's endpoint socket has send
+// and receive buffers of xlWindow (the kernel reports them doubled): its
+// receive queue holds what is in flight toward the client, which peeking
+// does not let the kernel's autotuning see.
+func TestTranslatableBuffers(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	c, err := dialHost(context.Background(), ln.Addr().(*net.TCPAddr).AddrPort())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, _, err := c.(*hostConn).translatable(); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []struct {
+		name string
+		opt  int
+	}{{"SO_SNDBUF", unix.SO_SNDBUF}, {"SO_RCVBUF", unix.SO_RCVBUF}} {
+		v, err := unix.GetsockoptInt(c.(*hostConn).fd, unix.SOL_SOCKET, o.opt)
+		if err != nil || v < xlWindow {
+			t.Errorf("%s %d (%v); want at least %d", o.name, v, err, xlWindow)
+		}
+	}
+}

@@ -14,11 +14,13 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/userproxy/userproxy/conntrack"
@@ -35,6 +37,9 @@ import (
 //
 //	P (client, eth0 MTU 1500) -- veth -- M (the wire) -- veth -- U
 //
+// The wire is a process of its own in M (wireproc_linux_test.go), as netem
+// would be the kernel's: inside the test's process its frames would wait
+// for the same Ps as the rig under test.
 // The paths differ only in U: "kernel" is an iptables nat PREROUTING DNAT
 // rule to an endpoint listening in U (no TUN); "translated" and "gvisor" are
 // the in-process rig on a TUN in U, which forwards P's traffic into it (as
@@ -57,6 +62,9 @@ import (
 // with 16 MiB, a 3 s blackhole and a 60 s link-down, and allows 180 s per
 // step. USERPROXY_FAULTS_PATHS (e.g. "kernel" or
 // "kernel,translated") picks the paths; USERPROXY_SEED the wire's seed;
+// USERPROXY_FAULTS_CC=NAME sets the kernel's congestion control on the
+// client's and the endpoints' sockets (faultSetCC; otherwise the host's
+// default: on this VM BBR, where Linux's is CUBIC, the translator's);
 // USERPROXY_FAULTS_TRACE=PREFIX writes every frame each wire reads, with
 // what the rules did to it, to PREFIX.<path> (faultTrace). Profiles are
 // subtests: -run 'TestFaults/loss' runs those alone.
@@ -190,7 +198,7 @@ const (
 type faultPath struct {
 	name string // kernel, translated or gvisor
 	cl   *nsClient
-	wire *faultWire
+	wire *wireProc
 	h    *rig // nil on the kernel path
 	// backendDeadline bounds each endpoint connection, so that a stalled
 	// client cannot hold an endpoint handler past the test.
@@ -296,7 +304,7 @@ func newFaultPath(t *testing.T, name string, seed uint64) *faultPath {
 	if prefix := os.Getenv("USERPROXY_FAULTS_TRACE"); prefix != "" {
 		trace = prefix + "." + name
 	}
-	fp.wire = newFaultWire(t, m, mName, "wp0", "wu0", seed, trace)
+	fp.wire = newFaultWire(t, mName, "wp0", "wu0", seed, trace)
 	fp.cl = &nsClient{ns: pod, work: make(chan func())}
 	startWorkers(t, fp.cl)
 	serve := []struct {
@@ -330,8 +338,43 @@ func newFaultPath(t *testing.T, name string, seed uint64) *faultPath {
 	return fp
 }
 
+// faultCC is USERPROXY_FAULTS_CC: the congestion control of the test's own
+// sockets, empty for the host's default.
+var faultCC = os.Getenv("USERPROXY_FAULTS_CC")
+
+// faultSetCC sets faultCC on c's socket (TCP_CONGESTION; root may pick any
+// the kernel has, where a namespace's default is limited to
+// tcp_allowed_congestion_control).
+func faultSetCC(c syscall.RawConn) error {
+	if faultCC == "" {
+		return nil
+	}
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, faultCC)
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("USERPROXY_FAULTS_CC=%s: %w", faultCC, serr)
+	}
+	return nil
+}
+
+// faultConnCC sets faultCC on an endpoint's connection, before it sends.
+func faultConnCC(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		if rc, err := tc.SyscallConn(); err == nil {
+			if err := faultSetCC(rc); err != nil {
+				panic(err) // a CC the kernel lacks: the run would measure the wrong thing
+			}
+		}
+	}
+}
+
 // serveUpload answers the SHA-256 of everything the client sent.
 func (fp *faultPath) serveUpload(c net.Conn) {
+	faultConnCC(c)
 	_ = c.SetDeadline(time.Now().Add(fp.backendDeadline))
 	hs := sha256.New()
 	if _, err := io.Copy(hs, c); err != nil {
@@ -343,6 +386,7 @@ func (fp *faultPath) serveUpload(c net.Conn) {
 // serveDownload reads a seed and a length and sends that many bytes of the
 // seeded pattern.
 func (fp *faultPath) serveDownload(c net.Conn) {
+	faultConnCC(c)
 	_ = c.SetDeadline(time.Now().Add(fp.backendDeadline))
 	var req [16]byte
 	if _, err := io.ReadFull(c, req[:]); err != nil {
@@ -355,6 +399,7 @@ func (fp *faultPath) serveDownload(c net.Conn) {
 // serveBurst reads a request and answers faultResponse bytes of the pattern
 // seeded by its first 8 bytes.
 func (fp *faultPath) serveBurst(c net.Conn) {
+	faultConnCC(c)
 	_ = c.SetDeadline(time.Now().Add(fp.backendDeadline))
 	var req [faultRequest]byte
 	if _, err := io.ReadFull(c, req[:]); err != nil {
@@ -390,12 +435,12 @@ func (fp *faultPath) run(t *testing.T, prof faultProfile, form faultForm) faultR
 	// step arms the profile's event after `after` bytes, runs fn and says
 	// whether the event fired during it.
 	step := func(what string, after int64, fn func(deadline time.Time) error) error {
-		fired := w.fired.Load()
+		fired := w.fired()
 		if prof.event != faultNoEvent {
 			w.arm(prof.event, prof.eventFor, after)
 		}
 		err := fn(time.Now().Add(limit))
-		if prof.event != faultNoEvent && w.fired.Load() == fired {
+		if prof.event != faultNoEvent && w.fired() == fired {
 			t.Errorf("%s via %s: the %v was never fired", what, fp.name, prof.event)
 		}
 		w.waitEvents()
@@ -422,11 +467,11 @@ func (fp *faultPath) run(t *testing.T, prof faultProfile, form faultForm) faultR
 		return nil
 	})
 	after := w.stats()
-	for i, d := range w.dirs {
+	for i, name := range wireDirNames {
 		s := after[i].sub(before[i])
-		t.Logf("wire %s: %v", d.name, s)
+		t.Logf("wire %s: %v", name, s)
 		if s.oversize > 0 {
-			t.Errorf("wire %s: %d frames above the MTU (GSO super-packets): the offloads are not off", d.name, s.oversize)
+			t.Errorf("wire %s: %d frames above the MTU (GSO super-packets): the offloads are not off", name, s.oversize)
 		}
 	}
 	t.Logf("%s: up %s, down %s, burst %d/%d in %v; the client retransmitted %d segments",
@@ -456,7 +501,8 @@ func faultDial(cl *nsClient, svc string, deadline time.Time) (net.Conn, error) {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		defer cancel()
 		var err error
-		conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", net.JoinHostPort(svc, "80"))
+		d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error { return faultSetCC(c) }}
+		conn, err = d.DialContext(ctx, "tcp", net.JoinHostPort(svc, "80"))
 		return err
 	})
 	if err != nil {

@@ -3,8 +3,9 @@
 package integration
 
 // An impairing wire, for TestFaults: this kernel has no sch_netem, so the
-// impairment lives in the test. A middle namespace M holds two veth ends and
-// bridges Ethernet frames between them in userspace:
+// impairment lives in the test, in a process of its own (wireproc_linux_test.go).
+// A middle namespace M holds two veth ends and the process bridges Ethernet
+// frames between them in userspace:
 //
 //  1. reader (one per direction): an AF_PACKET socket (SOCK_RAW, ETH_P_ALL,
 //     outgoing frames ignored) bound to one end reads a frame;
@@ -41,7 +42,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"testing"
 	"time"
 	"unsafe"
 
@@ -178,6 +178,9 @@ type faultWire struct {
 	wg   sync.WaitGroup
 }
 
+// wireDirNames name the directions, dirs[0] and dirs[1].
+var wireDirNames = [2]string{"client->upstream", "upstream->client"}
+
 // wireEnd is one veth end in M and its packet socket.
 type wireEnd struct {
 	name string
@@ -200,22 +203,20 @@ type wireDir struct {
 	c       wireCounters
 }
 
-// newFaultWire starts the wire between the veth ends client and upstream,
-// which must exist in m (the namespace named mName), and stops it when the
-// test ends. Randomness comes from seed. With a trace file name, every
-// frame is traced to it (faultTrace).
-func newFaultWire(t testing.TB, m netns.NsHandle, mName, client, upstream string, seed uint64, trace string) *faultWire {
-	t.Helper()
+// startFaultWire starts the wire between the veth ends client and
+// upstream, which must exist in m; close stops it. Randomness comes from
+// seed. With a trace file name, every frame is traced to it (faultTrace).
+// It runs in a process of its own (wireproc_linux_test.go).
+func startFaultWire(m netns.NsHandle, client, upstream string, seed uint64, trace string) (*faultWire, error) {
 	w := &faultWire{stop: make(chan struct{})}
 	var err error
 	if trace != "" {
 		if w.trace, err = openFaultTrace(trace); err != nil {
-			t.Fatalf("the wire's trace: %v", err)
+			return nil, fmt.Errorf("the wire's trace: %w", err)
 		}
-		t.Logf("tracing the wire's frames to %s", trace)
 	}
 	if w.nl, err = netlink.NewHandleAt(m); err != nil {
-		t.Fatalf("netlink handle in %s: %v", mName, err)
+		return nil, fmt.Errorf("netlink handle: %w", err)
 	}
 	err = inNS(m, func() error {
 		for i, name := range []string{client, upstream} {
@@ -234,10 +235,10 @@ func newFaultWire(t testing.TB, m netns.NsHandle, mName, client, upstream string
 			}
 		}
 		w.nl.Close()
-		t.Fatalf("the wire's sockets in %s: %v", mName, err)
+		return nil, fmt.Errorf("the wire's sockets: %w", err)
 	}
 	for i := range w.dirs {
-		w.dirs[i] = &wireDir{name: [...]string{"client->upstream", "upstream->client"}[i], in: w.ends[i], out: w.ends[1-i],
+		w.dirs[i] = &wireDir{name: wireDirNames[i], in: w.ends[i], out: w.ends[1-i],
 			rng: rand.New(rand.NewPCG(seed, uint64(i))), kick: make(chan struct{}, 1)}
 	}
 	for _, d := range w.dirs {
@@ -245,8 +246,7 @@ func newFaultWire(t testing.TB, m netns.NsHandle, mName, client, upstream string
 		go w.read(d)
 		go w.send(d)
 	}
-	t.Cleanup(w.close)
-	return w
+	return w, nil
 }
 
 // openWireEnd opens the packet socket of the device name, in the calling

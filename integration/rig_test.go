@@ -27,7 +27,18 @@ import (
 	"github.com/userproxy/userproxy/service"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(removeBinaries{m}) }
+func TestMain(m *testing.M) {
+	for env, main := range childMains {
+		if os.Getenv(env) != "" {
+			os.Exit(main())
+		}
+	}
+	goleak.VerifyTestMain(removeBinaries{m})
+}
+
+// childMains are the mains of the processes the tests start from their own
+// binary, by the environment variable that selects each.
+var childMains = map[string]func() int{}
 
 // removeBinaries removes the binaries the tests built (userproxyBinary)
 // once they have run.

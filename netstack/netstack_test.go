@@ -16,7 +16,6 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 
 	"github.com/userproxy/userproxy/conntrack"
 )
@@ -888,23 +887,5 @@ func TestFullTableEvictsOldestHandshake(t *testing.T) {
 	case r := <-results:
 		t.Fatalf("%s's Accept ended too (%v)", r.client, r.err)
 	default:
-	}
-}
-
-// TestGVisorTCPOptions: the proxy's gVisor stack runs CUBIC (gVisor's
-// default is NewReno), SACK and RACK, as the translator and Linux do.
-func TestGVisorTCPOptions(t *testing.T) {
-	st, _, _ := newTestStack(t, accept)
-	var cc tcpip.CongestionControlOption
-	if err := st.s.TransportProtocolOption(tcp.ProtocolNumber, &cc); err != nil || cc != "cubic" {
-		t.Errorf("congestion control %q (%v); want cubic", cc, err)
-	}
-	var sack tcpip.TCPSACKEnabled
-	if err := st.s.TransportProtocolOption(tcp.ProtocolNumber, &sack); err != nil || !bool(sack) {
-		t.Errorf("SACK %v (%v); want on", sack, err)
-	}
-	var rec tcpip.TCPRecovery
-	if err := st.s.TransportProtocolOption(tcp.ProtocolNumber, &rec); err != nil || rec&tcpip.TCPRACKLossDetection == 0 {
-		t.Errorf("recovery %v (%v); want RACK", rec, err)
 	}
 }

@@ -303,13 +303,10 @@ func (st *Stack) build(opts Options) error {
 // endpoint in TIME_WAIT passes a client's new SYN for the same ports only to
 // a listening endpoint, never to the forwarder, so a client reusing its port
 // waited a full SYN retransmission (1 s; measured on 1% of connections at 64
-// concurrent clients); Nagle off, as the proxy writes what it reads; CUBIC
-// congestion control (Linux's default and the translator's; gVisor's
-// default is NewReno), with gVisor's default RACK loss detection.
+// concurrent clients); Nagle off, as the proxy writes what it reads.
 func setTCPOptions(s *stack.Stack) error {
 	opts := []tcpip.SettableTransportProtocolOption{
 		ptr(tcpip.TCPSACKEnabled(true)),
-		ptr(tcpip.CongestionControlOption("cubic")),
 		&tcpip.TCPReceiveBufferSizeRangeOption{Min: 4 << 10, Default: 128 << 10, Max: 4 << 20},
 		&tcpip.TCPSendBufferSizeRangeOption{Min: 4 << 10, Default: 128 << 10, Max: 4 << 20},
 		ptr(tcpip.TCPModerateReceiveBufferOption(true)),

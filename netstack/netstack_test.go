@@ -16,6 +16,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 
 	"github.com/userproxy/userproxy/conntrack"
 )
@@ -887,5 +888,23 @@ func TestFullTableEvictsOldestHandshake(t *testing.T) {
 	case r := <-results:
 		t.Fatalf("%s's Accept ended too (%v)", r.client, r.err)
 	default:
+	}
+}
+
+// TestGVisorTCPOptions: the proxy's gVisor stack runs SACK and RACK, and
+// gVisor's NewReno: its CUBIC measured worse under loss (setTCPOptions).
+func TestGVisorTCPOptions(t *testing.T) {
+	st, _, _ := newTestStack(t, accept)
+	var cc tcpip.CongestionControlOption
+	if err := st.s.TransportProtocolOption(tcp.ProtocolNumber, &cc); err != nil || cc != "reno" {
+		t.Errorf("congestion control %q (%v); want reno", cc, err)
+	}
+	var sack tcpip.TCPSACKEnabled
+	if err := st.s.TransportProtocolOption(tcp.ProtocolNumber, &sack); err != nil || !bool(sack) {
+		t.Errorf("SACK %v (%v); want on", sack, err)
+	}
+	var rec tcpip.TCPRecovery
+	if err := st.s.TransportProtocolOption(tcp.ProtocolNumber, &rec); err != nil || rec&tcpip.TCPRACKLossDetection == 0 {
+		t.Errorf("recovery %v (%v); want RACK", rec, err)
 	}
 }

@@ -303,7 +303,10 @@ func (st *Stack) build(opts Options) error {
 // endpoint in TIME_WAIT passes a client's new SYN for the same ports only to
 // a listening endpoint, never to the forwarder, so a client reusing its port
 // waited a full SYN retransmission (1 s; measured on 1% of connections at 64
-// concurrent clients); Nagle off, as the proxy writes what it reads.
+// concurrent clients); Nagle off, as the proxy writes what it reads. gVisor's
+// default congestion control (NewReno) and loss detection (RACK) stay: its
+// CUBIC was tried and cut the downloads under 1% loss, 1% corruption and
+// reordering to a third (BENCHMARKS.md, issue 45, 2026-12-08).
 func setTCPOptions(s *stack.Stack) error {
 	opts := []tcpip.SettableTransportProtocolOption{
 		ptr(tcpip.TCPSACKEnabled(true)),

@@ -47,6 +47,9 @@
 //     reordered segment twice.
 //   - No HyStart (RFC 9406, on in Linux): slow start ends at the first
 //     loss.
+//   - CUBIC whatever the host's default congestion control: no BBR, which
+//     a node may run (net.ipv4.tcp_congestion_control) and which keeps its
+//     pace under random loss and reordering where CUBIC cuts its window.
 //   - SACK blocks ride on pure ACKs, not on data segments: data segments
 //     keep one header length, which host GSO needs.
 //   - No ECN, no TCP Fast Open, no urgent data (the endpoint socket takes it

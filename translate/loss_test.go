@@ -620,3 +620,31 @@ func TestFlowWholeSegments(t *testing.T) {
 		})
 	}
 }
+
+// TestFlowDSACKPastGap: a segment past a gap that the client sends again
+// while we keep it is named in a D-SACK block, the SACK block holding it
+// next (RFC 2883 4.1.2): without it, a client whose segments are reordered
+// takes every spurious retransmission for a needed one, and cuts its
+// window each time.
+func TestFlowDSACKPastGap(t *testing.T) {
+	h := newHarness(t, Segment{mss: 1460, ws: 7, sackOK: true, wnd: 512})
+	h.established(512)
+	for _, off := range []uint32{100, 110} {
+		h.seq = testIRS + 1 + off
+		h.segment(0, testISS+1, 512, "0123456789")
+	}
+	h.take()
+	for _, c := range []struct {
+		off  uint32
+		data string
+	}{{110, "0123456789"}, {112, "2345"}} { // a copy, and a part of one
+		h.seq = testIRS + 1 + c.off
+		h.segment(0, testISS+1, 512, c.data)
+		out := h.take()
+		dup := seqRange{testIRS + 1 + c.off, testIRS + 1 + c.off + uint32(len(c.data))}
+		held := seqRange{testIRS + 1 + 100, testIRS + 1 + 120}
+		if len(out) != 1 || out[0].ack != testIRS+1 || out[0].nSack != 2 || out[0].sack[0] != dup || out[0].sack[1] != held {
+			t.Fatalf("the copy at %d drew %+v; want a D-SACK block %v, then %v", c.off, out, dup, held)
+		}
+	}
+}

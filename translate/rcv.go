@@ -81,8 +81,12 @@ func (f *Flow) dataInput(s Segment) {
 		s.payload, s.seq = s.payload[d:], f.rcvNxt
 	}
 	if s.seq != f.rcvNxt {
-		if !f.sockFull {
-			f.kept.keep(s.seq, s.payload, f.rcvAdv)
+		if !f.sockFull && f.kept.keep(s.seq, s.payload, f.rcvAdv) && f.sackOK {
+			// RFC 2883 4.1.2: a duplicate past the cumulative ACK is named
+			// in a D-SACK block, the SACK block holding it next, so that
+			// the client can tell its retransmission was needless and
+			// undo (Linux's tcp_data_queue_ofo, tcp_dsack_set).
+			f.dsack, f.dsackOn = seqRange{s.seq, s.seq + uint32(len(s.payload))}, true
 		}
 		f.sendAck() // past a gap: a duplicate ACK at once (RFC 5681 4.2), with SACK blocks
 		return

@@ -40,23 +40,29 @@ type keptQueue struct {
 }
 
 // keep keeps a copy of payload at seq, within the bounds; edge is the
-// right edge of the window offered.
-func (q *keptQueue) keep(seq uint32, payload []byte, edge uint32) {
+// right edge of the window offered. It reports whether payload was a
+// duplicate: inside one segment kept already.
+func (q *keptQueue) keep(seq uint32, payload []byte, edge uint32) (dup bool) {
 	end := seq + uint32(len(payload))
-	if len(payload) == 0 || len(q.segs) == keptSegs || q.bytes+len(payload) > keptBytes || int32(end-edge) > 0 {
-		return
+	if len(payload) == 0 {
+		return false
 	}
 	i := 0
 	for i < len(q.segs) && int32(q.segs[i].seq-seq) < 0 {
 		i++
 	}
-	if i < len(q.segs) && q.segs[i].seq == seq && len(q.segs[i].b) >= len(payload) {
-		q.last = seq
-		return // a copy of one kept
+	for _, j := range []int{i - 1, i} {
+		if j >= 0 && j < len(q.segs) && int32(seq-q.segs[j].seq) >= 0 && int32(q.segs[j].seq+uint32(len(q.segs[j].b))-end) >= 0 {
+			q.last = seq
+			return true // a copy of one kept
+		}
+	}
+	if len(q.segs) == keptSegs || q.bytes+len(payload) > keptBytes || int32(end-edge) > 0 {
+		return false
 	}
 	if q.budget != nil && q.budget.Add(-int64(len(payload))) < 0 {
 		q.budget.Add(int64(len(payload)))
-		return
+		return false
 	}
 	b := append([]byte(nil), payload...) // its own size: a kept byte costs a byte
 	q.segs = append(q.segs, keptSeg{})
@@ -64,6 +70,7 @@ func (q *keptQueue) keep(seq uint32, payload []byte, edge uint32) {
 	q.segs[i] = keptSeg{seq: seq, b: b}
 	q.bytes += len(b)
 	q.last = seq
+	return false
 }
 
 // next returns the first kept segment if it starts at or before rcvNxt,

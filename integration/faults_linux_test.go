@@ -362,19 +362,26 @@ func faultSetCC(c syscall.RawConn) error {
 }
 
 // faultConnCC sets faultCC on an endpoint's connection, before it sends.
-func faultConnCC(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		if rc, err := tc.SyscallConn(); err == nil {
-			if err := faultSetCC(rc); err != nil {
-				panic(err) // a CC the kernel lacks: the run would measure the wrong thing
-			}
-		}
+// On an error the handler returns and the connection closes: the client's
+// transfer fails its hash, never measured with the wrong sender (and the
+// client's own dial, with the same setting, has failed first).
+func faultConnCC(c net.Conn) error {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return nil
 	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return faultSetCC(rc)
 }
 
 // serveUpload answers the SHA-256 of everything the client sent.
 func (fp *faultPath) serveUpload(c net.Conn) {
-	faultConnCC(c)
+	if faultConnCC(c) != nil {
+		return
+	}
 	_ = c.SetDeadline(time.Now().Add(fp.backendDeadline))
 	hs := sha256.New()
 	if _, err := io.Copy(hs, c); err != nil {
@@ -386,7 +393,9 @@ func (fp *faultPath) serveUpload(c net.Conn) {
 // serveDownload reads a seed and a length and sends that many bytes of the
 // seeded pattern.
 func (fp *faultPath) serveDownload(c net.Conn) {
-	faultConnCC(c)
+	if faultConnCC(c) != nil {
+		return
+	}
 	_ = c.SetDeadline(time.Now().Add(fp.backendDeadline))
 	var req [16]byte
 	if _, err := io.ReadFull(c, req[:]); err != nil {
@@ -399,7 +408,9 @@ func (fp *faultPath) serveDownload(c net.Conn) {
 // serveBurst reads a request and answers faultResponse bytes of the pattern
 // seeded by its first 8 bytes.
 func (fp *faultPath) serveBurst(c net.Conn) {
-	faultConnCC(c)
+	if faultConnCC(c) != nil {
+		return
+	}
 	_ = c.SetDeadline(time.Now().Add(fp.backendDeadline))
 	var req [faultRequest]byte
 	if _, err := io.ReadFull(c, req[:]); err != nil {

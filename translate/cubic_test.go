@@ -31,6 +31,17 @@ func (a *cubicAt) runACKs(rtt, d time.Duration, per int) {
 	}
 }
 
+// twins returns two states alike: a loss at 100 segments, then d of
+// round trips of 100 ms.
+func twins(d time.Duration) (a, b *cubicAt) {
+	a, b = newCubicAt(100), newCubicAt(100)
+	for _, x := range []*cubicAt{a, b} {
+		x.c.lost()
+		x.run(100*time.Millisecond, d)
+	}
+	return a, b
+}
+
 func (a *cubicAt) segs() float64 { return float64(a.c.cwnd) / float64(a.c.mss) }
 
 // TestCubicReduction: a loss takes the window and ssthresh to 0.7 of it
@@ -92,11 +103,7 @@ func TestCubicRenoFriendly(t *testing.T) {
 // limit grow nothing, and the time spent so does not move the curve on
 // (tcp_cubic.c's CA_EVENT_TX_START).
 func TestCubicAppLimited(t *testing.T) {
-	a, b := newCubicAt(100), newCubicAt(100)
-	for _, x := range []*cubicAt{a, b} {
-		x.c.lost()
-		x.run(100*time.Millisecond, time.Second)
-	}
+	a, b := twins(time.Second)
 	// b spends 10 s limited by its endpoint.
 	w := b.c.cwnd
 	for range 100 {
@@ -185,11 +192,7 @@ func TestCubicFastConvergenceAlpha(t *testing.T) {
 // flight goes on along the curve from where it was, not 10 s further on
 // (tcp_cubic.c's CA_EVENT_TX_START).
 func TestCubicRestart(t *testing.T) {
-	a, b := newCubicAt(100), newCubicAt(100)
-	for _, x := range []*cubicAt{a, b} {
-		x.c.lost()
-		x.run(100*time.Millisecond, time.Second)
-	}
+	a, b := twins(time.Second)
 	b.now = b.now.Add(10 * time.Second)
 	b.c.restart(10*time.Second, b.now)
 	a.run(100*time.Millisecond, time.Second)
@@ -202,11 +205,7 @@ func TestCubicRestart(t *testing.T) {
 // TestCubicUndoKeepsCurve: a reduction undone leaves the flow on the curve
 // it was on (RFC 9438 4.9), as if the loss had not been.
 func TestCubicUndoKeepsCurve(t *testing.T) {
-	a, b := newCubicAt(100), newCubicAt(100)
-	for _, x := range []*cubicAt{a, b} {
-		x.c.lost()
-		x.run(100*time.Millisecond, 5*time.Second) // past K, convex
-	}
+	a, b := twins(5 * time.Second) // past K, convex
 	b.c.lost()
 	b.c.undo()
 	a.run(100*time.Millisecond, 5*time.Second)

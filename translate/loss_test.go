@@ -59,19 +59,28 @@ func TestFlowSACKReceive(t *testing.T) {
 	}
 }
 
+// sentFlight returns an established flow with SACK and an MSS of 100 that
+// has sent its initial window, 10 segments of its 1000 bytes, a round trip
+// (1 ms) ago.
+func sentFlight(t *testing.T) *harness {
+	t.Helper()
+	h := newHarnessLink(t, Segment{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
+	h.established(65535)
+	h.sock.queue = bytes.Repeat([]byte("abcdefghij"), 100)
+	h.f.Readable()
+	if got := payloads(h.take()); len(got) != 10 {
+		t.Fatalf("first flight: %v; want the initial window of 10 segments", got)
+	}
+	h.now = h.now.Add(time.Millisecond)
+	return h
+}
+
 // TestFlowSACKSend: the client's SACK blocks past a hole declare a loss
 // once three segments' worth is SACKed (RFC 6675 4), and the rewind sends
 // the hole, not what the client holds.
 func TestFlowSACKSend(t *testing.T) {
-	h := newHarnessLink(t, Segment{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
-	h.established(65535)
-	h.sock.queue = bytes.Repeat([]byte("abcdefghij"), 100) // 1000 bytes, 10 segments: the initial window
-	h.f.Readable()
-	if got := payloads(h.take()); len(got) != 10 {
-		t.Fatalf("first flight: %v", got)
-	}
+	h := sentFlight(t)
 	// The segment at 100 was lost; the client holds [200, 600).
-	h.now = h.now.Add(time.Millisecond) // the flight's round trip
 	h.sackAck(100, 65535, [2]uint32{200, 400})
 	if out := h.take(); len(out) != 0 {
 		t.Fatalf("two segments SACKed: %+v", out)
@@ -498,12 +507,7 @@ func TestFlowFINLostInRecovery(t *testing.T) {
 // every millisecond while sending nothing, for as long as the client
 // cares to keep the flow.
 func TestFlowTimerNeverSpins(t *testing.T) {
-	h := newHarnessLink(t, Segment{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
-	h.established(65535)
-	h.sock.queue = bytes.Repeat([]byte("x"), 1000)
-	h.f.Readable()
-	h.take()
-	h.now = h.now.Add(time.Millisecond)
+	h := sentFlight(t)
 	h.sackAck(100, 65535, [2]uint32{200, 1000}) // recovery
 	h.take()
 	h.sackAck(100, 65535, [2]uint32{100, 1000}) // sndUna "SACKed"
@@ -556,12 +560,7 @@ func TestFlowFastRetransmitPast2GiB(t *testing.T) {
 // threshold (Linux's tcp_enter_loss computes ssthresh only from the open
 // state): one reduction per loss episode, not 0.7 of 0.7.
 func TestFlowTimeoutInRecoveryKeepsReduction(t *testing.T) {
-	h := newHarnessLink(t, Segment{mss: 100, ws: 0, sackOK: true, wnd: 65535}, 1460, false)
-	h.established(65535)
-	h.sock.queue = bytes.Repeat([]byte("abcdefghij"), 100)
-	h.f.Readable()
-	h.take()
-	h.now = h.now.Add(time.Millisecond)
+	h := sentFlight(t)
 	h.sackAck(100, 65535, [2]uint32{200, 600})
 	h.take()
 	// The ACK of the first segment grew the window to 11 segments.

@@ -356,19 +356,20 @@ func (f *Flow) pump() {
 			f.maybeDone()
 			return
 		}
+		now := f.now()
 		if f.sndUna == f.sndMax && !f.lastSend.IsZero() {
-			f.cc.restart(f.now().Sub(f.lastSend), f.now())
+			f.cc.restart(now.Sub(f.lastSend), now)
 		}
-		f.lastSend = f.now()
+		f.lastSend = now
 		if f.sndUna == f.sndNxt {
-			f.progress = f.now() // a new flight
+			f.progress = now // a new flight
 			f.tlpDue = f.sackOK
 		}
 		if f.sndNxt == f.sndMax && !f.ts && !f.timing {
-			f.timing, f.rttSeq, f.rttAt = true, f.sndNxt+uint32(r), f.now()
+			f.timing, f.rttSeq, f.rttAt = true, f.sndNxt+uint32(r), now
 		}
 		if f.sndNxt == f.sndUna && f.sndNxt != f.sndMax {
-			f.headSeq, f.headAt, f.headResends = f.sndNxt, f.now(), 0 // the hole at sndUna sent again
+			f.headSeq, f.headAt, f.headResends = f.sndNxt, now, 0 // the hole at sndUna sent again
 		}
 		if int32(f.sndNxt-f.sndMax) < 0 {
 			f.noteRetrans(r) // a rewind's pass
